@@ -1,0 +1,50 @@
+"""transformers-tpu-ext: plain Hugging Face Transformers code, correct and fast on Cloud TPUs.
+
+Importing this package activates the plugin; so does merely having it installed (torch calls its
+``torch.backends`` entry point at the end of ``import torch``). On a machine without a TPU it
+changes nothing. See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .activation import (
+    TransformersTPUExtWarning,
+    activate,
+    active_patches,
+    deactivate,
+    is_active,
+    skipped_patches,
+)
+
+__all__ = [
+    "TransformersTPUExtWarning",
+    "__version__",
+    "activate",
+    "active_patches",
+    "deactivate",
+    "is_active",
+    "skipped_patches",
+]
+
+
+def _bootstrap() -> None:
+    """Activate at import; a failure of ours is one warning, never a failed import."""
+    try:
+        activate()
+    except Exception as error:  # noqa: BLE001
+        import warnings
+
+        try:
+            deactivate()
+        except Exception:  # noqa: BLE001
+            pass
+        warnings.warn(
+            f"transformers-tpu-ext could not activate ({type(error).__name__}: {error}); "
+            "Transformers runs unpatched.",
+            TransformersTPUExtWarning,
+            stacklevel=2,
+        )
+
+
+_bootstrap()

@@ -1,0 +1,151 @@
+"""Activation: lazy, idempotent, thread-safe, reversible.
+
+``activate()`` registers one wrapt post-import hook per enabled patch on its ``TARGET`` module (the
+hook fires at once when the module is already imported). When it fires, the hook checks that the
+plugin is still active (post-import hooks cannot be unregistered), passes the version gate, then
+calls the patch's ``apply``. ``deactivate()`` reverts every applied patch, in reverse order.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+import threading
+import warnings
+from types import ModuleType
+
+from . import config
+from .patches import REGISTRY
+
+__all__ = [
+    "TransformersTPUExtWarning",
+    "activate",
+    "active_patches",
+    "deactivate",
+    "is_active",
+    "skipped_patches",
+]
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+
+class TransformersTPUExtWarning(UserWarning):
+    """Warnings issued by transformers-tpu-ext (skipped patches, adapted settings)."""
+
+
+_lock = threading.RLock()
+_active = False
+_hooked: set[str] = set()  # patches whose post-import hook is registered (for the process' life)
+_applying: set[str] = set()
+_applied: dict[str, ModuleType] = {}
+_skipped: dict[str, str] = {}
+
+
+def _patch_module(name: str) -> ModuleType:
+    return importlib.import_module(f"{__package__}.patches.{name}")
+
+
+def activate() -> None:
+    """Turn the plugin on. Safe to call any number of times, from any thread."""
+    global _active
+    with _lock:
+        if _active:
+            return
+        _active = True
+        disabled = config.disabled_patches()
+        new_hooks: list[str] = []
+        already_imported: list[tuple[str, ModuleType]] = []
+        for name in REGISTRY:
+            if disabled is None or name in disabled:
+                _skipped[name] = f"disabled by {config.DISABLE_ENV}"
+                continue
+            if name not in _hooked:
+                _hooked.add(name)
+                new_hooks.append(name)
+            elif (module := sys.modules.get(_patch_module(name).TARGET)) is not None:
+                # Re-activation: the hook already fired (or is still pending for a later import).
+                already_imported.append((name, module))
+    # Outside the lock: applying a patch may import modules whose own hooks need the lock.
+    import wrapt
+
+    for name in new_hooks:
+        wrapt.register_post_import_hook(functools.partial(_on_import, name), _patch_module(name).TARGET)
+    for name, module in already_imported:
+        _on_import(name, module)
+
+
+def _on_import(name: str, module: ModuleType) -> None:
+    """Post-import hook of one patch. Never raises: an exception here would fail the user's import."""
+    try:
+        with _lock:
+            if not _active or name in _applied or name in _applying:
+                return
+            disabled = config.disabled_patches()
+            if disabled is None or name in disabled:
+                return
+            _applying.add(name)
+        try:
+            from .versions import version_gate
+
+            patch = _patch_module(name)
+            reason = version_gate(patch.DISTRIBUTION)
+            if reason is None:
+                patch.apply(module)
+        except Exception as error:  # noqa: BLE001 - a broken patch must not break the import
+            reason = f"failed to apply ({type(error).__name__}: {error})"
+            try:
+                patch.revert()
+            except Exception:  # noqa: BLE001
+                pass
+        with _lock:
+            _applying.discard(name)
+            if reason is None and _active:
+                _applied[name] = patch
+                _skipped.pop(name, None)
+                logger.debug("transformers-tpu-ext: applied patch %r", name)
+                return
+            if reason is None:  # deactivated while applying
+                patch.revert()
+                return
+            first = _skipped.get(name) != reason
+            _skipped[name] = reason
+        if first:
+            warnings.warn(
+                f"transformers-tpu-ext: patch {name!r} skipped: {reason}",
+                TransformersTPUExtWarning,
+                stacklevel=2,
+            )
+    except Exception as error:  # noqa: BLE001
+        logger.warning("transformers-tpu-ext: post-import hook for %r failed: %r", name, error)
+
+
+def deactivate() -> None:
+    """Turn the plugin off and restore every original object exactly."""
+    global _active
+    with _lock:
+        _active = False
+        for name in reversed(list(_applied)):
+            try:
+                _applied[name].revert()
+            except Exception as error:  # noqa: BLE001
+                logger.warning("transformers-tpu-ext: reverting %r failed: %r", name, error)
+        _applied.clear()
+        _skipped.clear()
+
+
+def is_active() -> bool:
+    return _active
+
+
+def active_patches() -> list[str]:
+    """Names of the patches applied right now, in registry order."""
+    with _lock:
+        return [name for name in REGISTRY if name in _applied]
+
+
+def skipped_patches() -> dict[str, str]:
+    """Patches that were disabled or skipped, with the reason (for ``transformers-tpu doctor``)."""
+    with _lock:
+        return dict(_skipped)

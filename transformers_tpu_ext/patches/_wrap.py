@@ -1,0 +1,95 @@
+"""Reversible wrapt wrapping shared by the patch modules."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import wrapt
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+_MISSING = object()
+
+Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+
+class Wraps:
+    """The wrappers one patch installed, so that ``revert`` restores the exact originals.
+
+    ``wrap`` refuses to wrap twice (it checks ``__wrapped__`` chains for its own wrapper), and
+    ``unwrap_all`` puts back the very object that was there before, in reverse order.
+    """
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, dotted_name: str, wrapper: Wrapper) -> None:
+        parent, attribute, original = wrapt.resolve_path(owner, dotted_name)
+        if _wrapped_by(original, wrapper):
+            return
+        # On a class, remember what its own __dict__ held (nothing, if the method is inherited).
+        before = vars(parent).get(attribute, _MISSING) if isinstance(parent, type) else original
+        wrapt.wrap_function_wrapper(parent, attribute, wrapper)
+        self._saved.append((parent, attribute, before))
+
+    def replace(self, parent: Any, attribute: str, value: Any) -> None:
+        """Rebind a name (e.g. one a module imported ``from`` another) and remember the old one."""
+        self._saved.append((parent, attribute, getattr(parent, attribute)))
+        setattr(parent, attribute, value)
+
+    def unwrap_all(self) -> None:
+        while self._saved:
+            parent, attribute, original = self._saved.pop()
+            if original is _MISSING:
+                delattr(parent, attribute)
+            else:
+                setattr(parent, attribute, original)
+
+    def __bool__(self) -> bool:
+        return bool(self._saved)
+
+
+def _wrapped_by(obj: Any, wrapper: Wrapper) -> bool:
+    while obj is not None:
+        if getattr(obj, "_self_wrapper", None) is wrapper:
+            return True
+        obj = getattr(obj, "__wrapped__", None)
+    return False
+
+
+def fail_safe(wrapper: Wrapper) -> Wrapper:
+    """Make a wrapper's own failures harmless.
+
+    If the wrapper raises before it called the upstream function, the error is logged once and the
+    upstream function is called with the caller's original arguments: a bug of ours never breaks a
+    user's ``generate()``. Errors raised by the upstream call itself propagate unchanged.
+    """
+    reported: set[str] = set()
+
+    @functools.wraps(wrapper)
+    def guarded(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        called = False
+
+        def tracked(*a: Any, **k: Any) -> Any:
+            nonlocal called
+            called = True
+            return wrapped(*a, **k)
+
+        try:
+            return wrapper(tracked, instance, args, kwargs)
+        except Exception as error:
+            if called:
+                raise
+            key = f"{type(error).__name__}: {error}"
+            if key not in reported:
+                reported.add(key)
+                logger.warning(
+                    "transformers-tpu-ext: %s failed (%s); falling back to the unpatched call",
+                    getattr(wrapper, "__qualname__", wrapper),
+                    key,
+                )
+            return wrapped(*args, **kwargs)
+
+    return guarded
