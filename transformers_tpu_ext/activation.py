@@ -149,3 +149,13 @@ def skipped_patches() -> dict[str, str]:
     """Patches that were disabled or skipped, with the reason (for ``transformers-tpu doctor``)."""
     with _lock:
         return dict(_skipped)
+
+
+def _reset() -> None:
+    """Forget every patch's state (for tests). Registered post-import hooks outlive this."""
+    global _active
+    deactivate()
+    with _lock:
+        _active = False
+        _hooked.clear()
+        _applying.clear()

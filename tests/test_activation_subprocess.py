@@ -1,0 +1,116 @@
+"""Activation orderings, each in a fresh interpreter (patches and hooks are process-global)."""
+
+from __future__ import annotations
+
+import pytest
+
+from _subprocess import run_python
+
+pytestmark = pytest.mark.slow
+
+LOAD_TRANSFORMERS = """
+import transformers
+from transformers import AutoModelForCausalLM, pipeline
+import transformers.generation.utils, accelerate.utils.modeling
+"""
+
+SNAPSHOT = """
+import inspect, types
+def snapshot():
+    # id of every object bound in Transformers' and Accelerate's modules and in their classes' dicts
+    seen = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith(("transformers", "accelerate")) or not isinstance(mod, types.ModuleType):
+            continue
+        for attr, value in list(vars(mod).items()):
+            seen[f"{name}.{attr}"] = id(value)
+            if isinstance(value, type) and value.__module__ == name:
+                for cattr, cvalue in list(vars(value).items()):
+                    seen[f"{name}.{attr}.{cattr}"] = id(cvalue)
+    return seen
+"""
+
+
+def test_import_torch_alone_activates_through_the_entry_point():
+    value, _ = run_python(
+        "import torch\n" + LOAD_TRANSFORMERS + """
+import transformers_tpu_ext as ext
+report({"loaded_by_entry_point": "transformers_tpu_ext" in sys.modules, "active": ext.is_active(),
+        "applied": ext.active_patches(), "expected": patched_targets()})
+"""
+    )
+    assert value["loaded_by_entry_point"] and value["active"]
+    assert value["applied"], "no patch applied after importing Transformers and Accelerate"
+    assert value["applied"] == value["expected"]
+
+
+def test_entry_point_is_what_activates():
+    value, _ = run_python(
+        "import torch\n" + LOAD_TRANSFORMERS + 'report("transformers_tpu_ext" in sys.modules)',
+        env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )
+    assert value is False
+
+
+def test_disable_all_leaves_everything_upstream():
+    value, _ = run_python(
+        "import torch\n" + LOAD_TRANSFORMERS + """
+import transformers_tpu_ext as ext
+report({"applied": ext.active_patches(), "skipped": ext.skipped_patches()})
+""",
+        env={"TRANSFORMERS_TPU_EXT_DISABLE": "1"},
+    )
+    assert value["applied"] == []
+    assert value["skipped"] and all("TRANSFORMERS_TPU_EXT_DISABLE" in r for r in value["skipped"].values())
+
+
+@pytest.mark.parametrize("plugin_first", [True, False])
+def test_plugin_before_or_after_transformers(plugin_first):
+    plugin = "import transformers_tpu_ext as ext\n"
+    body = (plugin + LOAD_TRANSFORMERS) if plugin_first else (LOAD_TRANSFORMERS + plugin)
+    value, _ = run_python(
+        body + 'report({"applied": ext.active_patches(), "expected": patched_targets()})',
+        env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},  # only the explicit import activates
+    )
+    assert value["applied"] and value["applied"] == value["expected"]
+
+
+def test_activate_deactivate_activate_restores_and_reapplies_exactly():
+    value, _ = run_python(
+        "import os, torch\n" + LOAD_TRANSFORMERS + SNAPSHOT + """
+import transformers_tpu_ext as ext
+assert ext.active_patches() == []
+before = snapshot()
+os.environ.pop("TRANSFORMERS_TPU_EXT_DISABLE")
+ext.deactivate(); ext.activate()
+first = ext.active_patches()
+changed = sorted(k for k, v in snapshot().items() if before.get(k) != v)
+ext.deactivate()
+restored = snapshot() == before
+ext.activate()
+again = ext.active_patches()
+changed_again = sorted(k for k, v in snapshot().items() if before.get(k) != v)
+report({"first": first, "changed": changed, "restored": restored, "again": again,
+        "changed_again": changed_again})
+""",
+        env={"TRANSFORMERS_TPU_EXT_DISABLE": "1"},
+    )
+    assert value["first"] and value["again"] == value["first"]
+    assert value["changed"], "activation changed nothing"
+    assert value["restored"], "deactivate() did not restore every original object"
+    assert value["changed_again"] == value["changed"]
+
+
+def test_a_failing_bootstrap_is_one_warning_and_import_torch_goes_on():
+    value, stderr = run_python(
+        """
+import warnings
+warnings.simplefilter("always")
+sys.modules["wrapt"] = None  # force activation to fail inside the entry point
+import torch
+import transformers_tpu_ext as ext
+report({"tensor": torch.ones(2).sum().item(), "active": ext.is_active(), "applied": ext.active_patches()})
+"""
+    )
+    assert value == {"tensor": 2.0, "active": False, "applied": []}
+    assert stderr.count("transformers-tpu-ext could not activate") == 1, stderr
