@@ -16,4 +16,5 @@ plus one line below.
 from __future__ import annotations
 
 REGISTRY: tuple[str, ...] = (
+    "hub_kernels",
 )
