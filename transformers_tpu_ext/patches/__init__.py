@@ -16,5 +16,8 @@ plus one line below.
 from __future__ import annotations
 
 REGISTRY: tuple[str, ...] = (
+    "accelerate_memory",
+    "transformers_device_map",
+    "transformers_tied_weights",
     "hub_kernels",
 )

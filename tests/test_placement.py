@@ -1,0 +1,233 @@
+"""``device_map="auto"`` finds the (simulated) TPU: from_pretrained, pipeline, budgets, tied weights."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM, pipeline  # noqa: E402
+
+from transformers_tpu_ext import activation, config  # noqa: E402
+from transformers_tpu_ext.placement import HEADROOM_ENV  # noqa: E402
+from transformers_tpu_ext.testing import tiny  # noqa: E402
+
+PLACEMENT = ("accelerate_memory", "transformers_device_map")
+GREEDY = dict(max_new_tokens=6, do_sample=False)
+
+
+@contextlib.contextmanager
+def patches_disabled(*names: str) -> Iterator[None]:
+    """Run the block with some patches switched off (``TRANSFORMERS_TPU_EXT_DISABLE``), in-process."""
+    before = os.environ.get(config.DISABLE_ENV)
+    os.environ[config.DISABLE_ENV] = ",".join(names)
+    activation.deactivate()
+    activation.activate()
+    try:
+        assert not set(names) & set(activation.active_patches())
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(config.DISABLE_ENV, None)
+        else:
+            os.environ[config.DISABLE_ENV] = before
+        activation.deactivate()
+        activation.activate()
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tiny.save_tiny_model(tmp_path_factory.mktemp("qwen3"), arch="qwen3"))
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tiny.save_tiny_model(tmp_path_factory.mktemp("llama"), arch="llama"))
+
+
+@pytest.fixture(scope="module")
+def prompt() -> Any:
+    return tiny.tiny_tokenizer()(tiny.TINY_TEXT[0], return_tensors="pt").input_ids
+
+
+def _devices(model: Any) -> set[str]:
+    return {p.device.type for p in model.parameters()}
+
+
+def test_auto_device_map_loads_on_tpu(simulated_tpu, qwen3_dir, prompt) -> None:
+    model = AutoModelForCausalLM.from_pretrained(qwen3_dir, device_map="auto")
+    assert model.device.type == "tpu"
+    assert _devices(model) == {"tpu"}
+    reference = AutoModelForCausalLM.from_pretrained(qwen3_dir)
+    out = model.generate(prompt.to(model.device), **GREEDY)
+    assert out.cpu().tolist() == reference.generate(prompt, **GREEDY).tolist()
+
+
+def test_without_the_patches_auto_loads_on_cpu(simulated_tpu, qwen3_dir) -> None:
+    # The defect this fixes, reproduced on the simulated TPU (Accelerate 1.15 lists no TPU).
+    with patches_disabled(*PLACEMENT):
+        model = AutoModelForCausalLM.from_pretrained(qwen3_dir, device_map="auto")
+    assert model.device.type == "cpu"
+
+
+def test_integer_device_map_means_the_chip(simulated_tpu, llama_dir) -> None:
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map={"model": 0, "lm_head": "cpu"})
+    assert model.hf_device_map == {"model": "tpu", "lm_head": "cpu"}
+    assert model.model.embed_tokens.weight.device.type == "tpu"
+
+
+def test_pipeline_device_map_auto_generates_on_tpu(simulated_tpu, qwen3_dir) -> None:
+    pipe = pipeline("text-generation", model=qwen3_dir, device_map="auto")
+    assert pipe.model.device.type == "tpu"
+    assert pipe.device.type == "tpu"
+    text = pipe(tiny.TINY_TEXT[0], **GREEDY)[0]["generated_text"]
+    cpu = pipeline("text-generation", model=qwen3_dir, device="cpu")
+    assert text == cpu(tiny.TINY_TEXT[0], **GREEDY)[0]["generated_text"]
+    assert len(text) > len(tiny.TINY_TEXT[0])
+
+
+def test_pipeline_device_tpu(simulated_tpu, qwen3_dir) -> None:
+    pipe = pipeline("text-generation", model=qwen3_dir, device="tpu")
+    assert pipe.model.device.type == "tpu"
+    assert len(pipe(tiny.TINY_TEXT[1], **GREEDY)[0]["generated_text"]) > len(tiny.TINY_TEXT[1])
+
+
+def test_get_max_memory_lists_the_chip_with_its_budget(simulated_tpu) -> None:
+    from accelerate.utils import get_max_memory
+
+    simulated_tpu.configure(hbm_bytes="16GiB")
+    memory = get_max_memory()
+    assert list(memory)[:2] == ["tpu", "cpu"]
+    assert memory["tpu"] == 16 * 2**30 - int(1.6 * 2**30) - 1  # 10 % headroom, rounded up
+    with simulated_tpu.hidden():
+        assert "tpu" not in get_max_memory()
+
+
+def _sim_offload_supported() -> str | None:
+    """Why the simulator cannot run Accelerate's offload hooks yet (None when it can)."""
+    p = torch.nn.Parameter(torch.zeros(2, device="tpu"))
+    if type(p) is not torch.nn.Parameter:
+        return (
+            f"simulator: a Parameter on tpu is a {type(p).__name__}, so Accelerate's set_module_tensor_to_device "
+            "cannot rebuild it (param_cls(value, requires_grad=...))"
+        )
+    if p.data_ptr() == 0:
+        return "simulator: tpu tensors report data_ptr() == 0, as meta tensors do (Accelerate's tied_params_map)"
+    return None
+
+
+def test_tiny_hbm_gives_a_mixed_map(simulated_tpu, llama_dir, prompt) -> None:
+    simulated_tpu.configure(hbm_bytes="256KiB")  # budget 128 KiB: the 160 KiB model does not fit
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto")
+    assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
+    assert model.hf_device_map["model.embed_tokens"] == "tpu"
+    assert model.device.type == "tpu"
+    reason = _sim_offload_supported()
+    if reason:
+        pytest.xfail(reason)
+    reference = AutoModelForCausalLM.from_pretrained(llama_dir)
+    out = model.generate(prompt.to(model.device), **GREEDY)
+    assert out.cpu().tolist() == reference.generate(prompt, **GREEDY).tolist()
+
+
+def test_tiny_hbm_without_the_patches_is_all_cpu(simulated_tpu, llama_dir) -> None:
+    simulated_tpu.configure(hbm_bytes="256KiB")
+    with patches_disabled(*PLACEMENT):
+        model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto")
+    assert not hasattr(model, "hf_device_map")
+    assert _devices(model) == {"cpu"}
+
+
+def test_user_max_memory_wins(simulated_tpu, llama_dir) -> None:
+    # The chip is large (32 GiB), but the user allows 128 KiB on it: mixed map.
+    model = AutoModelForCausalLM.from_pretrained(
+        llama_dir, device_map="auto", max_memory={"tpu": "128KiB", "cpu": "1GiB"}
+    )
+    assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
+    # The GPU habit (0 = the first accelerator) names the chip too.
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto", max_memory={0: "128KiB", "cpu": "1GiB"})
+    assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
+    # A max_memory without the chip keeps the model off it, as it does for a GPU.
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto", max_memory={"cpu": "1GiB"})
+    assert _devices(model) == {"cpu"}
+
+
+def test_headroom_env_override(simulated_tpu, llama_dir, monkeypatch) -> None:
+    simulated_tpu.configure(hbm_bytes="256KiB")
+    monkeypatch.setenv(HEADROOM_ENV, "0")  # the whole 256 KiB: the model fits
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto")
+    assert _devices(model) == {"tpu"}
+
+
+def test_nothing_on_the_chip_is_never_silent(simulated_tpu, llama_dir, caplog) -> None:
+    simulated_tpu.configure(hbm_bytes="64KiB")  # budget 32 KiB: not even the embeddings fit
+    with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
+        model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto")
+    assert _devices(model) == {"cpu"}
+    assert "placed no module on the TPU" in caplog.text
+
+
+def test_no_tpu_is_upstream(simulated_tpu, qwen3_dir, prompt) -> None:
+    with simulated_tpu.hidden():
+        from accelerate.utils import get_max_memory
+
+        model = AutoModelForCausalLM.from_pretrained(qwen3_dir, device_map="auto")
+        assert "tpu" not in get_max_memory()
+        tokens = model.generate(prompt, **GREEDY).tolist()
+        with patches_disabled("all"):
+            upstream = AutoModelForCausalLM.from_pretrained(qwen3_dir, device_map="auto")
+            assert upstream.generate(prompt, **GREEDY).tolist() == tokens
+    assert _devices(model) == _devices(upstream) == {"cpu"}
+
+
+@pytest.mark.parametrize("move", ["to", "pipeline"])
+def test_tied_weights_stay_tied(simulated_tpu, qwen3_dir, move) -> None:
+    simulated_tpu.configure(untie_on_move=True)
+
+    def moved():
+        if move == "to":
+            return AutoModelForCausalLM.from_pretrained(qwen3_dir).to("tpu")
+        return pipeline("text-generation", model=qwen3_dir, device="tpu").model
+
+    model = moved()
+    assert model.device.type == "tpu"
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert len(list(model.parameters())) == len({id(p) for p in model.parameters()})
+    with patches_disabled("transformers_tied_weights"):
+        untied = moved()
+    assert untied.lm_head.weight is not untied.model.embed_tokens.weight  # the quirk is real
+
+
+def test_deactivate_restores_every_patched_name() -> None:
+    import accelerate.utils
+    import accelerate.utils.modeling as modeling
+    import transformers.integrations.accelerate as integration
+    import transformers.modeling_utils as modeling_utils
+
+    def names():
+        return [
+            modeling.get_max_memory,
+            accelerate.utils.get_max_memory,
+            integration.accelerate_max_memory,
+            integration.get_max_memory,
+            modeling_utils._get_device_map,
+            modeling_utils.PreTrainedModel.__dict__["to"],
+        ]
+
+    patched = names()
+    assert all(hasattr(obj, "__wrapped__") for obj in patched[:5])
+    activation.deactivate()
+    try:
+        originals = names()
+        assert not any(type(obj).__name__ == "FunctionWrapper" for obj in originals)
+        assert originals[0] is originals[1] is originals[2]
+    finally:
+        activation.activate()
+    assert names() == patched
