@@ -20,7 +20,8 @@ def snapshot():
     # id of every object bound in Transformers' and Accelerate's modules and in their classes' dicts
     seen = {}
     for name, mod in list(sys.modules.items()):
-        if not name.startswith(("transformers", "accelerate")) or not isinstance(mod, types.ModuleType):
+        upstream = name.split(".")[0] in {"transformers", "accelerate"}  # not transformers_tpu_ext
+        if not upstream or not isinstance(mod, types.ModuleType):
             continue
         for attr, value in list(vars(mod).items()):
             seen[f"{name}.{attr}"] = id(value)

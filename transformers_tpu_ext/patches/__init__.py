@@ -20,4 +20,5 @@ REGISTRY: tuple[str, ...] = (
     "transformers_device_map",
     "transformers_tied_weights",
     "hub_kernels",
+    "tp_plan_rewrite",
 )
