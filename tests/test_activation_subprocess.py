@@ -115,3 +115,27 @@ report({"tensor": torch.ones(2).sum().item(), "active": ext.is_active(), "applie
     )
     assert value == {"tensor": 2.0, "active": False, "applied": []}
     assert stderr.count("transformers-tpu-ext could not activate") == 1, stderr
+
+
+NO_TPU_RUN = """
+import torch, tempfile
+from transformers import AutoModelForCausalLM
+from transformers_tpu_ext.testing.tiny import save_tiny_model
+with tempfile.TemporaryDirectory() as tmp:
+    save_tiny_model(tmp, arch="llama")
+    model = AutoModelForCausalLM.from_pretrained(tmp, device_map="auto")
+    ids = torch.tensor([[5, 9, 17, 33, 2, 71]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    import transformers_tpu_ext as ext
+    report({"device": str(model.device), "map": getattr(model, "hf_device_map", None),
+            "tokens": out.tolist(), "applied": ext.active_patches()})
+"""
+
+
+def test_without_a_tpu_the_plugin_changes_nothing():
+    plain, _ = run_python(NO_TPU_RUN, env={"TRANSFORMERS_TPU_EXT_DISABLE": "1"})
+    patched, _ = run_python(NO_TPU_RUN)
+    assert plain["applied"] == [] and patched["applied"]
+    assert patched["device"] == plain["device"] == "cpu"
+    assert patched["map"] == plain["map"]
+    assert patched["tokens"] == plain["tokens"]

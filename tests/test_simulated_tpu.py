@@ -1,0 +1,500 @@
+"""The simulated TPU (capability 6): device, torch.tpu surface and quirks, compile backend, counters.
+
+Every test uses the ``simulated_tpu`` fixture of the package's own pytest plugin. The plugin's
+patches are switched off for this module: these tests check the stand-in for torch_tpu, i.e.
+what plain PyTorch/Transformers code sees on it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from _subprocess import run_python
+
+from transformers_tpu_ext.testing import Counters
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_patches_off():
+    import transformers_tpu_ext as ext
+
+    was_active = ext.is_active()
+    ext.deactivate()
+    yield
+    if was_active:
+        ext.activate()
+
+
+@pytest.fixture
+def sim(simulated_tpu):
+    return simulated_tpu
+
+
+# --- the device -------------------------------------------------------------------------------
+
+
+def test_accelerator_reports_the_configured_chips(sim):
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 4
+    sim.configure(chips=8)
+    assert torch.accelerator.device_count() == 8
+    assert torch._C._get_privateuse1_backend_name() == "tpu"
+
+
+def test_install_is_idempotent_and_a_second_call_reconfigures(sim):
+    from transformers_tpu_ext import testing
+
+    again = testing.install(chips=1, generation="v5e")
+    assert again is sim and testing.simulated_tpu() is sim and testing.is_installed()
+    assert torch.accelerator.device_count() == 1
+    assert torch.tpu.get_device_name() == "TPU v5e"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: torch.zeros(2, 3, device=d),
+        lambda d: torch.ones(4, device=d, dtype=torch.bfloat16),
+        lambda d: torch.arange(5, device=d),
+        lambda d: torch.full((2,), 7.0, device=d),
+        lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+        lambda d: torch.tensor(3.5, device=d),
+        lambda d: torch.eye(3, device=d),
+        lambda d: torch.linspace(0, 1, 5, device=d),
+    ],
+    ids=["zeros", "ones_bf16", "arange", "full", "tensor", "tensor_scalar", "eye", "linspace"],
+)
+def test_factories_make_tpu_tensors_with_cpu_values(sim, make):
+    on_tpu, on_cpu = make("tpu"), make("cpu")
+    assert on_tpu.device == torch.device("tpu", 0)
+    assert on_tpu.dtype == on_cpu.dtype and on_tpu.shape == on_cpu.shape
+    assert torch.equal(on_tpu.cpu(), on_cpu)
+
+
+def test_empty_and_random_factories(sim):
+    assert torch.empty(3, 2, device="tpu").shape == (3, 2)
+    torch.manual_seed(0)
+    a = torch.randn(5, device="tpu")
+    torch.manual_seed(0)  # torch.manual_seed seeds the TPU generator too
+    b = torch.randn(5, device="tpu")
+    torch.tpu.manual_seed(1)
+    c = torch.randn(5, device="tpu")
+    assert a.device.type == "tpu" and torch.equal(a.cpu(), b.cpu()) and not torch.equal(a.cpu(), c.cpu())
+    assert torch.rand(3, device="tpu").cpu().lt(1).all()
+
+
+def test_to_and_cpu_round_trip_and_count_host_device_bytes(sim):
+    host = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    dev = host.to("tpu")
+    assert dev.device.type == "tpu" and dev.is_tpu and not host.is_tpu
+    assert sim.counters().h2d_bytes == 48
+    back = dev.cpu()
+    assert back.device.type == "cpu" and torch.equal(back, host)
+    assert dev.tolist() == host.tolist()
+    assert dev.sum().item() == 66.0
+    assert sim.counters().d2h_bytes == 48 + 48 + 4
+    assert dev.to("tpu") is dev  # already there: no copy
+    assert dev.to(torch.float16).device.type == "tpu"
+    with pytest.raises(TypeError, match="Use Tensor.cpu"):
+        dev.numpy()
+
+
+def test_tensor_to_int_ignores_the_index(sim):
+    """torch_tpu #4164: one process sees one chip, as tpu:0, whatever the index."""
+    assert torch.ones(2).to(1).device == torch.device("tpu", 0)
+    assert torch.ones(2, device="tpu:3").device == torch.device("tpu", 0)
+    assert torch.ones(2, device="tpu").to("tpu:2").device == torch.device("tpu", 0)
+
+
+def test_in_place_ops_and_views_share_data(sim):
+    x = torch.arange(6.0, device="tpu").view(2, 3)
+    row = x[0]
+    assert row.device.type == "tpu"
+    returned = row.add_(10)
+    assert returned is row
+    assert x.cpu().tolist() == [[10.0, 11.0, 12.0], [3.0, 4.0, 5.0]]
+    x.T[2].fill_(-1)
+    assert x.cpu()[:, 2].tolist() == [-1.0, -1.0]
+    x.copy_(torch.zeros(2, 3))  # host -> device copy into an existing tensor
+    assert x.cpu().abs().sum().item() == 0.0
+    assert not x.T.is_contiguous() and x.T.shape == (3, 2)
+
+
+def test_metadata_mutating_in_place_ops_restride_the_tpu_tensor(sim):
+    x = torch.arange(6.0, device="tpu").view(2, 3).clone()
+    assert x.t_() is x and x.shape == (3, 2) and x.stride() == (1, 3)
+    assert x.contiguous().cpu().tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    assert x.unsqueeze_(0).shape == (1, 3, 2) and (x + 1).shape == (1, 3, 2)
+    with pytest.raises(RuntimeError, match="allocate the output with its final shape"):
+        torch.add(x, x, out=torch.empty(0, device="tpu"))  # growth cannot be simulated
+
+
+def test_deepcopy_save_pretrained_and_from_pretrained_on_tpu(sim, tmp_path):
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3", vocab_size=100).to("tpu")
+    clone = copy.deepcopy(model)
+    assert clone.lm_head.weight.device.type == "tpu"
+    assert torch.equal(clone.lm_head.weight.cpu(), model.lm_head.weight.cpu())
+    model.save_pretrained(tmp_path)  # tied embeddings: shared storage is recognised
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="tpu")
+    assert loaded.device.type == "tpu"
+    assert torch.equal(loaded.model.embed_tokens.weight.cpu(), model.model.embed_tokens.weight.cpu())
+
+
+def test_out_variants_return_the_given_tensor(sim):
+    a = torch.ones(3, device="tpu")
+    out = torch.empty(3, device="tpu")
+    assert torch.add(a, a, out=out) is out
+    assert out.cpu().tolist() == [2.0, 2.0, 2.0]
+    values, indices = torch.topk(torch.tensor([3.0, 1.0, 2.0], device="tpu"), 2)
+    assert values.device.type == "tpu" and indices.cpu().tolist() == [0, 2]
+
+
+def test_mixing_a_host_tensor_into_a_tpu_op_fails_like_the_real_device(sim):
+    x = torch.ones(3, device="tpu")
+    with pytest.raises(RuntimeError, match="tensor is expected to be on tpu, got cpu"):
+        x + torch.ones(3)
+    with pytest.raises(RuntimeError, match="tensor is expected to be on tpu, got cpu"):
+        torch.nn.Linear(3, 3)(x)
+    assert (x + torch.tensor(1.0)).cpu().tolist() == [2.0, 2.0, 2.0]  # 0-dim host scalars are fine
+
+
+def test_autograd_runs_on_tpu(sim):
+    w = torch.randn(3, device="tpu", requires_grad=True)
+    (w * w).sum().backward()
+    assert w.grad.device.type == "tpu"
+    assert torch.allclose(w.grad.cpu(), 2 * w.detach().cpu())
+
+
+def test_module_to_tpu_moves_parameters_and_keeps_ties_by_default(sim):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 3, bias=False)
+            self.b = torch.nn.Linear(3, 3, bias=False)
+            self.b.weight = self.a.weight
+
+    model = Tied().to("tpu")
+    assert model.a.weight.device.type == "tpu" and isinstance(model.a.weight, torch.nn.Parameter)
+    assert model.a.weight is model.b.weight
+    out = model.b(model.a(torch.ones(1, 3, device="tpu")))
+    assert out.device.type == "tpu"
+
+    sim.configure(untie_on_move=True)  # torch_tpu #4161
+    for moved in (Tied().to("tpu"), Tied().tpu(), Tied().to(device="tpu", dtype=torch.float32)):
+        assert moved.a.weight is not moved.b.weight
+        assert torch.equal(moved.a.weight.cpu(), moved.b.weight.cpu())
+        assert isinstance(moved.b.weight, torch.nn.Parameter)
+    stays = Tied().to(torch.float64)  # not a move to the TPU: ties kept
+    assert stays.a.weight is stays.b.weight
+
+
+def test_a_tpu_parameter_class_rebuilds_parameters_like_accelerate_expects(sim):
+    from accelerate.utils import set_module_tensor_to_device
+
+    layer = torch.nn.Linear(2, 2).to("tpu")
+    param_cls = type(layer.weight)  # a TpuTensor that passes isinstance(..., Parameter)
+    rebuilt = param_cls(torch.ones(2, 2), requires_grad=False)
+    assert isinstance(rebuilt, torch.nn.Parameter) and rebuilt.device.type == "cpu"
+    set_module_tensor_to_device(layer, "weight", "cpu")
+    assert layer.weight.device.type == "cpu" and isinstance(layer.weight, torch.nn.Parameter)
+    set_module_tensor_to_device(layer, "bias", "tpu", value=torch.zeros(2))
+    assert layer.bias.device.type == "tpu" and isinstance(layer.bias, torch.nn.Parameter)
+    assert layer.bias.cpu().tolist() == [0.0, 0.0]
+
+
+# --- counters -----------------------------------------------------------------------------------
+
+
+def test_eager_programs_count_distinct_op_shape_signatures(sim):
+    x = torch.ones(4, 4, device="tpu")
+    start = sim.counters()
+    x + x
+    x + x  # same (op, shapes, dtypes): no new program
+    assert (sim.counters() - start).eager_programs == 1
+    x[:2] + x[:2]  # new shape: a new program; the slice (a view) compiles nothing
+    assert (sim.counters() - start).eager_programs == 2
+    x.double() + x.double()  # new dtype: _to_copy is free, add compiles once more
+    assert (sim.counters() - start).eager_programs == 3
+    x.view(16).t()  # views only
+    assert (sim.counters() - start).eager_programs == 3
+    sim.reset_counters()
+    assert sim.counters() == Counters()
+    x + x
+    assert sim.counters().eager_programs == 1  # reset also forgets the programs seen
+
+
+def test_counters_are_frozen_snapshots_with_delta_and_asdict():
+    a = Counters(graphs_compiled=2, eager_programs=10, h2d_bytes=100, d2h_bytes=4)
+    b = Counters(graphs_compiled=1, eager_programs=3, h2d_bytes=40, d2h_bytes=4)
+    assert a - b == Counters(1, 7, 60, 0)
+    assert (a - b).asdict() == {"graphs_compiled": 1, "eager_programs": 7, "h2d_bytes": 60, "d2h_bytes": 0}
+    assert a.programs == 12
+    with pytest.raises(Exception):
+        a.graphs_compiled = 3  # type: ignore[misc]
+
+
+# --- torch.tpu surface and quirks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["device_count", "is_available"])
+def test_torch_tpu_device_count_and_is_available_raise_for_user_code(sim, name):
+    with pytest.raises(RuntimeError, match=f"is internal to TorchTPU.*Use torch.accelerator.{name} instead"):
+        getattr(torch.tpu, name)()
+    # PyTorch itself may still call them (torch.accelerator delegates to them).
+    assert torch.accelerator.device_count() == 4
+
+
+def test_set_device_accepts_only_the_bound_index(sim):
+    torch.tpu.set_device(0)
+    torch.tpu.set_device("tpu:0")
+    with pytest.raises(ValueError, match="Cannot set TPU device to index 1, current process is bound to device index 0"):
+        torch.tpu.set_device(1)
+    assert torch.tpu.current_device() == 0
+
+
+@pytest.mark.parametrize(
+    "generation, hbm_gib, cores",
+    [("v4", 32, 2), ("v5e", 16, 1), ("v5p", 95, 2), ("v6e", 32, 1), ("v7", 192, 2)],
+)
+def test_device_properties_per_generation(sim, generation, hbm_gib, cores):
+    sim.configure(generation=generation)
+    props = torch.tpu.get_device_properties()
+    assert props.name == f"TPU {generation}" == torch.tpu.get_device_name()
+    assert props.total_memory == hbm_gib * 2**30
+    assert props.multi_processor_count == cores
+    with pytest.raises(Exception):
+        props.total_memory = 1  # frozen dataclass
+
+
+def test_hbm_override_and_unknown_generation(sim):
+    sim.configure(hbm_bytes="1GiB")
+    assert torch.tpu.get_device_properties("tpu:0").total_memory == 2**30
+    sim.configure(generation="v99")
+    with pytest.raises(RuntimeError, match="v99"):
+        torch.tpu.get_device_properties()
+
+
+def test_public_surface_of_torch_tpu_0_2_0(sim):
+    names = """EagerMode Event Precision Stream allow_excess_precision compiler current_device
+    current_stream default_generators default_stream device device_count device_of distributed
+    eager_mode get_amp_supported_dtype get_device_name get_device_properties get_rng_state
+    initial_seed is_available is_initialized manual_seed manual_seed_all ops optimizers pallas
+    precision profiler set_device set_eager_mode set_rng_state set_stream stream synchronize
+    topology_aware_mesh""".split()
+    assert [n for n in names if not hasattr(torch.tpu, n)] == []
+    import torch.tpu.distributed as dist_mod
+
+    for n in ("set_tpu_launch_env", "spmd_safe", "topology_aware_mesh", "window_num_stripes", "window_stripe_chunk_mb"):
+        assert hasattr(dist_mod, n)
+    torch.tpu.synchronize()
+    state = torch.tpu.get_rng_state()
+    first = torch.rand(2, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(2, device="tpu").cpu(), first)
+
+
+def test_hidden_reports_no_tpu(sim):
+    from transformers_tpu_ext import backend
+
+    assert backend.tpu_available() and backend.device_count() == 4
+    with sim.hidden():
+        assert not torch.accelerator.is_available()
+        assert torch.accelerator.device_count() == 0
+        assert torch.accelerator.current_accelerator(check_available=True) is None
+        assert not backend.tpu_available() and backend.chip_info() is None
+    assert torch.accelerator.is_available() and backend.chip_info().total_memory == 32 * 2**30
+
+
+# --- set_tpu_launch_env ------------------------------------------------------------------------
+
+_LAUNCH_VARS = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "TORCH_TPU_XPROF_SESSION_ID")
+
+
+@pytest.fixture
+def clean_launch_env(monkeypatch):
+    for var in _LAUNCH_VARS + ("TORCH_TPU_DEVICES_PER_HOST", "TORCH_TPU_HOST_INDEX"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_set_tpu_launch_env_sets_variables_once_and_records_calls(sim, clean_launch_env):
+    calls_before = len(sim.launch_env_calls)
+    clean_launch_env.setenv("TORCH_TPU_TOPOLOGY", "mine")
+    torch.tpu.distributed.set_tpu_launch_env()
+    assert all(os.environ.get(v) for v in _LAUNCH_VARS)
+    assert os.environ["TORCH_TPU_TOPOLOGY"] == "mine"  # never overwritten
+    first = {v: os.environ[v] for v in _LAUNCH_VARS}
+    torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=4)
+    assert {v: os.environ[v] for v in _LAUNCH_VARS} == first  # idempotent
+    assert sim.launch_env_calls[calls_before:] == [
+        {"nnodes": None, "nproc_per_node": None},
+        {"nnodes": None, "nproc_per_node": 4},
+    ]
+    with pytest.raises(TypeError):
+        torch.tpu.distributed.set_tpu_launch_env(4)  # keyword-only
+
+
+@pytest.mark.parametrize(
+    "generation, good, bad",
+    [("v4", [1, 2, 4, 8], [3, 16]), ("v5p", [1, 2, 4, 8], [6]), ("v5e", [1, 4, 8], [2, 3]),
+     ("v6e", [1, 4, 8], [2]), ("v7", [2, 4, 8], [1, 3])],
+)
+def test_set_tpu_launch_env_topologies(sim, clean_launch_env, generation, good, bad):
+    sim.configure(generation=generation)
+    for count in good:
+        torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=count)
+    for count in bad:
+        with pytest.raises(RuntimeError, match=f"^No TPU topology found for count: {count}$"):
+            torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=count)
+
+
+def test_set_tpu_launch_env_defaults_to_the_chip_count(sim, clean_launch_env):
+    sim.configure(chips=2, generation="v6e")
+    with pytest.raises(RuntimeError, match="No TPU topology found for count: 2"):
+        torch.tpu.distributed.set_tpu_launch_env()
+    sim.configure(chips=8)
+    torch.tpu.distributed.set_tpu_launch_env()
+    assert os.environ["TORCH_TPU_TOPOLOGY"] == "2x4"
+
+
+# --- torch.compile -------------------------------------------------------------------------------
+
+
+def _fn(x, y):
+    z = torch.zeros(x.shape, device="tpu")  # a tensor created on tpu while tracing
+    z.add_(x)
+    w = torch.ones(3, device=x.device) * 2
+    return (z * y).sum() + w.sum()
+
+
+def test_compile_backend_tpu_counts_one_graph_and_no_eager_programs(sim):
+    x, y = torch.randn(3, device="tpu"), torch.randn(3, device="tpu")
+    expected = _fn(x, y).cpu()
+    sim.reset_counters()
+    compiled = torch.compile(_fn, backend="tpu")
+    out = compiled(x, y)
+    assert out.device.type == "tpu" and torch.allclose(out.cpu(), expected)
+    compiled(x, y)
+    compiled(x + 1, y)  # `x + 1` is one eager program
+    assert sim.counters().graphs_compiled == 1
+    assert sim.counters().eager_programs == 1
+    compiled(torch.randn(5, device="tpu"), torch.randn(5, device="tpu"))  # new shape: recompiles
+    assert sim.counters().graphs_compiled == 2
+
+
+def test_compile_backend_tpu_rejects_mode(sim):
+    x = torch.randn(3, device="tpu")
+    with pytest.raises(Exception, match=r"Unexpected keyword arguments: \{'mode': 'reduce-overhead'\}"):
+        torch.compile(_fn, backend="tpu", mode="reduce-overhead")(x, x)
+    assert torch.compile(_fn, backend="tpu", mode="default")(x, x).device.type == "tpu"
+
+
+def test_inductor_refuses_tpu_inputs(sim):
+    x = torch.randn(3, device="tpu")
+    with pytest.raises(Exception, match="inductor cannot compile graphs on TPU tensors"):
+        torch.compile(lambda a: a * 2 + 1, backend="inductor")(x)
+
+
+# --- a tiny Transformers model ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    return tiny_model("llama", vocab_size=100), tiny_model("llama", vocab_size=100)
+
+
+def test_tiny_model_forward_matches_cpu(sim, tiny_models):
+    cpu_model, tpu_model = tiny_models
+    tpu_model.to("tpu")
+    assert tpu_model.device.type == "tpu"
+    ids = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        expected = cpu_model(ids).logits
+        got = tpu_model(ids.to("tpu")).logits
+    assert got.device.type == "tpu"
+    assert torch.allclose(got.cpu(), expected, atol=1e-5)
+    assert sim.counters().eager_programs > 20
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_tiny_model_greedy_generate_matches_cpu(sim, tiny_models, cache):
+    cpu_model, tpu_model = tiny_models
+    tpu_model.to("tpu")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    kwargs = dict(max_new_tokens=6, do_sample=False, cache_implementation=cache)
+    expected = cpu_model.generate(ids, **kwargs)
+    got = tpu_model.generate(ids.to("tpu"), **kwargs)
+    assert got.device.type == "tpu"
+    assert got.cpu().tolist() == expected.tolist()
+    # The static cache makes Transformers compile the decode step with backend "tpu".
+    assert sim.counters().graphs_compiled == (1 if cache == "static" else 0)
+
+
+# --- processes --------------------------------------------------------------------------------------
+
+
+def test_env_var_installs_the_simulator_at_import_torch():
+    value, _ = run_python(
+        """
+import torch
+from transformers_tpu_ext import testing
+props = torch.tpu.get_device_properties()
+report([str(torch.accelerator.current_accelerator()), torch.accelerator.device_count(),
+        props.name, props.total_memory, testing.simulated_tpu().untie_on_move,
+        str(torch.ones(1, device="tpu").device)])
+""",
+        env={"TRANSFORMERS_TPU_EXT_SIMULATE": "chips=8,generation=v5p,hbm=1GiB,untie_on_move=1"},
+    )
+    assert value == ["tpu", 8, "TPU v5p", 2**30, True, "tpu:0"]
+
+
+def test_refuses_to_install_where_a_real_tpu_backend_is_active():
+    value, _ = run_python(
+        """
+import torch
+torch.utils.rename_privateuse1_backend("tpu")  # what torch_tpu's loader does on a TPU VM
+from transformers_tpu_ext import testing
+try:
+    testing.install()
+    report("installed")
+except RuntimeError as error:
+    report([str(error), testing.is_installed()])
+"""
+    )
+    assert "refusing to install the simulated TPU" in value[0] and "'tpu'" in value[0]
+    assert value[1] is False
+
+
+def test_bad_env_spec_warns_and_import_torch_goes_on():
+    value, stderr = run_python(
+        """
+import torch
+report(torch.accelerator.current_accelerator() is None)
+""",
+        env={"TRANSFORMERS_TPU_EXT_SIMULATE": "chips=4,colour=blue"},
+    )
+    assert value is True
+    assert "unknown TRANSFORMERS_TPU_EXT_SIMULATE key 'colour'" in stderr
+
+
+def test_pytest_plugin_imports_without_torch_or_installing():
+    value, _ = run_python(
+        """
+import transformers_tpu_ext.testing.pytest_plugin as plugin
+from transformers_tpu_ext import testing
+report(["torch" in sys.modules, testing.is_installed(), hasattr(plugin, "simulated_tpu")])
+"""
+    )
+    assert value == [False, False, True]

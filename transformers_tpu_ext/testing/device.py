@@ -1,0 +1,463 @@
+"""The simulated ``tpu`` device: PyTorch's PrivateUse1 backend, its data kept in CPU tensors.
+
+A tensor on the simulated TPU is a :class:`TpuTensor`, a wrapper subclass whose device is
+``tpu:0`` and which holds a plain CPU tensor (``_cpu``). Every operation on it reaches
+:meth:`TpuTensor.__torch_dispatch__`, which runs the operation on the CPU tensors and wraps the
+result again (in-place and ``out=`` operations return the original wrapper). Factory operations
+(``torch.empty(..., device="tpu")``) reach the PrivateUse1 dispatch key, where a Python fallback
+builds the CPU tensor and wraps it.
+
+The dispatcher also keeps the counters: distinct eager ``(op, shapes, dtypes)`` signatures
+(torch_tpu compiles each eager operation once per input shape) and host↔device bytes. Nothing is
+counted while a graph compiled by the ``"tpu"`` backend runs, nor while TorchDynamo traces.
+
+Importing this module imports torch; it registers nothing until :func:`register` is called.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch
+
+__all__ = ["TpuTensor", "register", "STATE"]
+
+_CPU = torch.device("cpu")
+_aten = torch.ops.aten
+
+DEVICE_MISMATCH = "tensor is expected to be on tpu, got cpu"
+
+
+class _State:
+    """Mutable process-wide state of the dispatcher (plain attributes: read on every op)."""
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None  # torch.device("tpu", 0) once registered
+        self.in_graph = 0  # >0 while a graph compiled by the "tpu" backend runs
+        self.seen: set[Any] = set()
+        self.eager_programs = 0
+        self.h2d_bytes = 0
+        self.d2h_bytes = 0
+        self.generator = torch.Generator(device="cpu")
+
+    def reset(self) -> None:
+        self.seen = set()
+        self.eager_programs = 0
+        self.h2d_bytes = 0
+        self.d2h_bytes = 0
+
+
+STATE = _State()
+
+
+def _fake_mode_active() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-operator facts, computed once per OpOverload.
+
+
+class _OpInfo:
+    __slots__ = ("counted", "mutable", "generator", "mixed_ok", "special")
+
+    def __init__(self, func: Any) -> None:
+        schema = func._schema
+        name = schema.name
+        self.mutable = bool(schema.is_mutable)
+        self.generator = any(a.name == "generator" for a in schema.arguments)
+        # Views, aliases and transfers compile no program on the device.
+        self.counted = not (
+            getattr(func, "is_view", False)
+            or func in _UNCOUNTED
+            or name.startswith("aten::_foreach")  # counted per tensor below, not as a fused op
+        )
+        # Ops a real device accepts with host tensors among the inputs.
+        self.mixed_ok = func in _MIXED_OK or name in ("aten::index", "aten::index_put", "aten::index_put_")
+        # Transfers and scalar reads have their own handlers (they count host<->device bytes).
+        self.special = _SPECIAL.get(func)
+
+
+_UNCOUNTED = {
+    _aten._to_copy.default,
+    _aten.copy_.default,
+    _aten.detach.default,
+    _aten.alias.default,
+    _aten.lift_fresh.default,
+    _aten._local_scalar_dense.default,
+    _aten.empty.memory_format,
+    _aten.empty_strided.default,
+    _aten.empty_like.default,
+    _aten.new_empty.default,
+    _aten.new_empty_strided.default,
+    _aten.set_.source_Tensor,
+    _aten.is_pinned.default,
+    _aten.is_same_size.default,
+}
+_MIXED_OK = {
+    _aten._to_copy.default,
+    _aten.copy_.default,
+    _aten.set_.source_Tensor,
+    _aten.is_same_size.default,
+    _aten.lift_fresh.default,
+}
+
+_INFO: dict[Any, _OpInfo] = {}
+_SPECIAL: dict[Any, Any] = {}  # filled below, once the handlers are defined
+
+
+def _info(func: Any) -> _OpInfo:
+    info = _INFO.get(func)
+    if info is None:
+        info = _INFO[func] = _OpInfo(func)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrapper tensor.
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the simulated ``tpu:0``; its data is the CPU tensor ``_cpu``."""
+
+    _cpu: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = True) -> Any:
+        # A parameter on the TPU is a TpuTensor, so ``type(param)(value, requires_grad=...)``
+        # (Accelerate's set_module_tensor_to_device, Transformers' loaders) must build a
+        # parameter from ``value`` wherever it lives, as ``nn.Parameter`` does.
+        return torch.nn.Parameter(data, requires_grad)
+
+    @classmethod
+    def _wrap_cpu(cls, cpu: torch.Tensor) -> TpuTensor:
+        """The TPU tensor whose data is the CPU tensor ``cpu`` (no copy)."""
+        self = torch.Tensor._make_wrapper_subclass(
+            cls,
+            cpu.size(),
+            strides=cpu.stride(),
+            storage_offset=cpu.storage_offset(),
+            dtype=cpu.dtype,
+            layout=cpu.layout,
+            device=STATE.device,
+            requires_grad=False,
+        )
+        self._cpu = cpu
+        return self
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
+        inner = self._cpu
+        if _fake_mode_active() or type(inner) is not torch.Tensor:
+            return f"TpuTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device='{self.device}')"
+        body = repr(inner.detach())
+        if body.endswith(")"):
+            body = body[:-1] + f", device='{self.device}')"
+        return body
+
+    # Device memory is the CPU tensor's: tied/shared tensors report the same storage and
+    # pointer to user code (Transformers' save_pretrained and safetensors find shared tensors
+    # this way). PyTorch's own machinery (deepcopy, TorchDynamo's fakeification) keeps seeing
+    # the wrapper's own, empty storage.
+    def untyped_storage(self) -> Any:
+        if _user_caller(self):
+            return self._cpu.untyped_storage()
+        return torch.Tensor.untyped_storage(self)
+
+    def data_ptr(self) -> int:
+        if _user_caller(self):
+            return self._cpu.data_ptr()
+        return torch.Tensor.data_ptr(self)
+
+    def tolist(self) -> Any:  # a device tensor's tolist() copies to the host
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if not force:
+            raise TypeError(
+                "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
+                "tensor to host memory first."
+            )
+        return self.cpu().numpy()
+
+    # TorchDynamo / AOTAutograd see through the wrapper.
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["_cpu"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any) -> TpuTensor:
+        return TpuTensor._wrap_cpu(inner["_cpu"])
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return _dispatch(func, args, kwargs or {})
+
+
+def _user_caller(t: TpuTensor) -> bool:
+    if type(t._cpu) is not torch.Tensor or _get_mode(_FAKE) is not None:
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    return caller != "torch" and not caller.startswith("torch.")
+
+
+def _is_tpu_wrapper(x: Any) -> bool:
+    return x.__class__ is TpuTensor or isinstance(x, TpuTensor)
+
+
+def _wrap(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out if isinstance(out, TpuTensor) else TpuTensor._wrap_cpu(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap(o) for o in out)
+    return out
+
+
+def _host_view(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor on ``tpu`` (a FakeTensor made by a factory during tracing) seen as CPU."""
+    mode = getattr(t, "fake_mode", None)
+    if mode is not None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return FakeTensor(mode, t.to("meta"), _CPU)
+    raise RuntimeError(f"simulated TPU: cannot use {type(t).__name__} on {t.device} here")
+
+
+_get_mode = torch._C._get_dispatch_mode
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_RESTRIDE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+_PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype, torch.layout, torch.memory_format})
+
+
+def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    info = _INFO.get(func)
+    if info is None:
+        info = _info(func)
+    if info.special is not None:
+        return info.special(args, kwargs)
+    tracing = _get_mode(_FAKE) is not None
+    sig: list[Any] | None = [func] if (info.counted and not tracing and not STATE.in_graph) else None
+    back: dict[int, Any] | None = {} if info.mutable else None
+
+    new_args = []
+    for a in args:
+        cls = a.__class__
+        if cls is TpuTensor:
+            inner = a._cpu
+            if back is not None:
+                back[id(inner)] = a
+            if sig is not None:
+                sig.append(inner.shape)
+                sig.append(inner.dtype)
+            new_args.append(inner)
+        elif cls in _PLAIN:
+            new_args.append(a)
+        else:
+            new_args.append(_unwrap(a, func, info, sig, back))
+    if kwargs:
+        kwargs = {k: (v if v.__class__ in _PLAIN else _unwrap(v, func, info, sig, back)) for k, v in kwargs.items()}
+    if info.generator and kwargs.get("generator") is None and not tracing:
+        kwargs = dict(kwargs)
+        kwargs["generator"] = STATE.generator
+
+    out = func(*new_args, **kwargs)
+
+    if sig is not None:
+        key = tuple(sig)
+        if key not in STATE.seen:
+            STATE.seen.add(key)
+            STATE.eager_programs += 1
+    if back is not None:
+        return _map_back(out, back)
+    if out.__class__ is torch.Tensor:
+        return TpuTensor._wrap_cpu(out)
+    return _wrap(out)
+
+
+def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[int, Any] | None) -> Any:
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, TpuTensor):
+            inner = a._cpu
+            if back is not None:
+                back[id(inner)] = a
+            if sig is not None:
+                sig.append(inner.shape)
+                sig.append(inner.dtype)
+            return inner
+        dev = a.device.type
+        if dev == "cpu":
+            if a.dim() and not info.mixed_ok:
+                raise RuntimeError(f"{func}: {DEVICE_MISMATCH}")
+            return a
+        if dev == "tpu":  # a FakeTensor a factory made on "tpu" while TorchDynamo traces
+            host = _host_view(a)
+            if back is not None:
+                back[id(host)] = a
+            return host
+        return a
+    if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+        return type(a)(x if x is None else _unwrap(x, func, info, sig, back) for x in a)
+    if isinstance(a, torch.device) and a.type == "tpu":
+        return _CPU
+    return a
+
+
+def _local_scalar_dense(args: tuple, kwargs: dict) -> Any:
+    inner = args[0]._cpu
+    if type(inner) is torch.Tensor:
+        STATE.d2h_bytes += inner.element_size()
+    return _aten._local_scalar_dense.default(inner)
+
+
+def _map_back(out: Any, back: dict[int, Any]) -> Any:
+    if isinstance(out, torch.Tensor):
+        orig = back.get(id(out))
+        if orig is not None:
+            if orig.shape != out.shape or orig.stride() != out.stride():
+                # A metadata-mutating op (``unsqueeze_``, ``t_``) restrides the wrapper in place;
+                # growth (``resize_``, an ``out=`` tensor too small) cannot be reflected.
+                try:
+                    _aten.as_strided_.default.redispatch(
+                        _RESTRIDE_KEYS, orig, out.shape, out.stride(), out.storage_offset()
+                    )
+                    return orig
+                except RuntimeError:
+                    pass
+                raise RuntimeError(
+                    f"simulated TPU: the tpu tensor given to a mutating or out= operation changed "
+                    f"shape {tuple(orig.shape)} -> {tuple(out.shape)}, which the simulator cannot "
+                    f"reflect; allocate the output with its final shape"
+                )
+            return orig
+        return _wrap(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_map_back(o, back) for o in out)
+    return out
+
+
+def _copy_(args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    dst_tpu, src_tpu = _is_tpu_wrapper(dst), _is_tpu_wrapper(src)
+    d = dst._cpu if dst_tpu else dst
+    s = src._cpu if src_tpu else src
+    if not dst_tpu and d.device.type == "tpu":
+        d = _host_view(d)
+    if not src_tpu and s.device.type == "tpu":
+        s = _host_view(s)
+    if not _fake_mode_active() and type(d) is torch.Tensor and type(s) is torch.Tensor:
+        if dst_tpu and not src_tpu:
+            STATE.h2d_bytes += d.numel() * d.element_size()
+        elif src_tpu and not dst_tpu:
+            STATE.d2h_bytes += d.numel() * d.element_size()
+    d.copy_(s, non_blocking)
+    return dst
+
+
+def _to_copy(args: tuple, kwargs: dict) -> Any:
+    src = args[0]
+    device = kwargs.get("device")
+    target_tpu = device is None or torch.device(device).type == "tpu"
+    from_tpu = _is_tpu_wrapper(src)
+    inner = src._cpu if from_tpu else src
+    if inner.device.type == "tpu":
+        inner = _host_view(inner)
+    new_kwargs = dict(kwargs)
+    new_kwargs["device"] = _CPU
+    out = _aten._to_copy.default(inner, **new_kwargs)
+    if target_tpu:
+        if not from_tpu and not _fake_mode_active() and type(out) is torch.Tensor:
+            STATE.h2d_bytes += out.numel() * out.element_size()
+        return TpuTensor._wrap_cpu(out)
+    if not _fake_mode_active() and type(out) is torch.Tensor:
+        STATE.d2h_bytes += out.numel() * out.element_size()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories: the PrivateUse1 fallback.
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    if "device" in kwargs:
+        kwargs["device"] = _CPU
+    new_args = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and _is_tpu_wrapper(a):
+            a = a._cpu
+        elif isinstance(a, torch.device) and a.type == "tpu":
+            a = _CPU
+        new_args.append(a)
+    info = _info(op)
+    if info.generator and kwargs.get("generator") is None:
+        kwargs["generator"] = STATE.generator
+    out = op(*new_args, **kwargs)
+    if info.counted and not STATE.in_graph:
+        key = (op, tuple(_hashable(a) for a in args))
+        try:
+            if key not in STATE.seen:
+                STATE.seen.add(key)
+                STATE.eager_programs += 1
+        except TypeError:
+            pass
+    return _wrap(out)
+
+
+def _hashable(a: Any) -> Any:
+    if isinstance(a, (int, float, bool)):
+        return a
+    if isinstance(a, (list, tuple)):
+        return tuple(a)
+    return None
+
+
+_SPECIAL.update(
+    {
+        _aten.copy_.default: _copy_,
+        _aten._to_copy.default: _to_copy,
+        _aten._local_scalar_dense.default: _local_scalar_dense,
+    }
+)
+
+
+def _to_copy_kernel(*args: Any, **kwargs: Any) -> Any:
+    # ``torch.tensor(data, device="tpu")`` dispatches ``_to_copy`` of a CPU tensor to the
+    # PrivateUse1 key; through the generic fallback PyTorch hits an internal assert, so the
+    # operator gets its own kernel.
+    return _to_copy(args, kwargs)
+
+
+_RESIZING_FACTORIES = (
+    "arange", "arange.start", "arange.start_step", "range", "range.step", "eye", "eye.m",
+    "hann_window", "hann_window.periodic", "hamming_window", "hamming_window.periodic",
+    "hamming_window.periodic_alpha", "hamming_window.periodic_alpha_beta", "bartlett_window",
+    "bartlett_window.periodic", "blackman_window", "blackman_window.periodic", "kaiser_window",
+    "kaiser_window.periodic", "kaiser_window.beta",
+)
+
+
+def _overload(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(_aten, base), overload or "default")
+
+
+_LIBRARY: Any = None
+_ATEN_LIBRARY: Any = None
+
+
+def register(device: torch.device) -> None:
+    """Route PrivateUse1 factories through :func:`_fallback`; wrappers are made on ``device``."""
+    global _LIBRARY, _ATEN_LIBRARY
+    STATE.device = device
+    if _LIBRARY is None:
+        lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a process-wide fallback is the point
+        lib.fallback(_fallback, "PrivateUse1")
+        aten = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+        aten.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
+        # Factories PyTorch builds as ``empty(0)`` + an ``out=`` kernel that resizes it: a
+        # wrapper cannot be resized, so they get kernels that build the CPU tensor directly.
+        for name in _RESIZING_FACTORIES:
+            aten.impl(name, functools.partial(_fallback, _overload(name)), "PrivateUse1")
+        _LIBRARY, _ATEN_LIBRARY = lib, aten

@@ -1,0 +1,327 @@
+"""The simulated ``torch.tpu`` module: torch_tpu 0.2.0's public surface, quirks included.
+
+Registered as ``torch.tpu`` (``torch._register_device_module``) by ``install()``. Functions read
+the simulator's configuration when they are called, so ``configure()`` and ``hidden()`` take
+effect at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from . import tpu_distributed as distributed  # noqa: F401 - part of the public surface
+from .chips import CHIPS
+from .device import STATE
+
+__all__ = [
+    "EagerMode", "Event", "Precision", "Stream", "allow_excess_precision", "compiler",
+    "current_device", "current_stream", "default_generators", "default_stream", "device",
+    "device_count", "device_of", "distributed", "eager_mode", "get_amp_supported_dtype",
+    "get_device_name", "get_device_properties", "get_rng_state", "initial_seed", "is_available",
+    "is_initialized", "manual_seed", "manual_seed_all", "ops", "optimizers", "pallas", "precision",
+    "profiler", "set_device", "set_eager_mode", "set_rng_state", "set_stream", "stream",
+    "synchronize", "topology_aware_mesh",
+]
+
+
+def _sim() -> Any:
+    from .simulator import simulated_tpu
+
+    sim = simulated_tpu()
+    if sim is None:  # pragma: no cover - the module is registered by install()
+        raise RuntimeError("the simulated TPU is not installed")
+    return sim
+
+
+def _visible_chips() -> int:
+    sim = _sim()
+    return 0 if sim.is_hidden else sim.chips
+
+
+# PyTorch's own modules (torch.accelerator, torch.random, ...) may call these; user code may not.
+_FRAMEWORK_PREFIXES = ("torch.", __name__.rsplit(".", 1)[0] + ".")
+
+
+def _framework_only(name: str) -> None:
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller == "torch" or caller.startswith(_FRAMEWORK_PREFIXES):
+        return
+    raise RuntimeError(
+        f"torch.tpu.{name}() is internal to TorchTPU and can only be called by the PyTorch "
+        f"framework (called from {caller or '?'}). Use torch.accelerator.{name} instead."
+    )
+
+
+def device_count() -> int:
+    """Internal: raises for user code, like torch_tpu 0.2.0."""
+    _framework_only("device_count")
+    return _visible_chips()
+
+
+def is_available() -> bool:
+    """Internal: raises for user code, like torch_tpu 0.2.0."""
+    _framework_only("is_available")
+    return _visible_chips() > 0
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    return None
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: Any) -> None:
+    index = _index(device)
+    if index not in (None, 0):
+        raise ValueError(
+            f"Cannot set TPU device to index {index}, current process is bound to device index 0"
+        )
+
+
+def _index(device: Any) -> int | None:
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        return device.index
+    raise TypeError(f"expected a TPU device or index, got {device!r}")
+
+
+def _chip() -> Any:
+    sim = _sim()
+    if sim.is_hidden:
+        raise RuntimeError("No TPU device found")
+    chip = CHIPS.get(sim.generation)
+    if chip is None:
+        raise RuntimeError(f"Unrecognized TPU generation: {sim.generation!r}")
+    return chip
+
+
+@dataclass(frozen=True)
+class _TpuDeviceProperties:
+    name: str
+    total_memory: int
+    multi_processor_count: int
+
+
+def get_device_properties(device: Any = None) -> _TpuDeviceProperties:
+    chip = _chip()
+    hbm = _sim().hbm_bytes
+    return _TpuDeviceProperties(
+        name=chip.name,
+        total_memory=int(hbm if hbm is not None else chip.hbm_bytes),
+        multi_processor_count=chip.cores,
+    )
+
+
+def get_device_name(device: Any = None) -> str:
+    return _chip().name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    return (0, 0)
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def synchronize(device: Any = None) -> None:
+    return None
+
+
+# Random numbers: one generator for the chip, separate from the CPU's.
+default_generators = (STATE.generator,)
+
+
+def manual_seed(seed: int) -> None:
+    STATE.generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    STATE.generator.manual_seed(int(seed))
+
+
+def seed() -> None:
+    STATE.generator.seed()
+
+
+def seed_all() -> None:
+    STATE.generator.seed()
+
+
+def initial_seed() -> int:
+    return STATE.generator.initial_seed()
+
+
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    return STATE.generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+    STATE.generator.set_state(new_state)
+
+
+# Streams and events: operations run synchronously on the CPU, so these only keep the shape.
+class Stream:
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        self.device = STATE.device
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def wait_stream(self, stream: Stream) -> None:
+        return None
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+
+class Event:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Stream | None = None) -> None:
+        return None
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: Event) -> float:
+        return 0.0
+
+
+_DEFAULT_STREAM = Stream()
+_current_stream = _DEFAULT_STREAM
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _DEFAULT_STREAM
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _current_stream
+
+
+def set_stream(stream_: Stream) -> None:
+    global _current_stream
+    _current_stream = stream_
+
+
+@contextlib.contextmanager
+def stream(stream_: Stream | None) -> Iterator[None]:
+    global _current_stream
+    previous = _current_stream
+    if stream_ is not None:
+        _current_stream = stream_
+    try:
+        yield
+    finally:
+        _current_stream = previous
+
+
+class device:  # noqa: N801 - mirrors torch.cuda.device
+    def __init__(self, device: Any) -> None:
+        self.index = _index(device)
+
+    def __enter__(self) -> None:
+        set_device(self.index)
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class device_of(device):  # noqa: N801
+    def __init__(self, obj: Any) -> None:
+        super().__init__(obj.device if isinstance(obj, torch.Tensor) and obj.device.type == "tpu" else None)
+
+
+# Eager mode and precision switches: accepted and remembered, with no numerical effect here.
+class EagerMode(enum.Enum):
+    DEFAULT = "default"
+    COMPILED = "compiled"
+
+
+class Precision(enum.Enum):
+    DEFAULT = "default"
+    HIGHEST = "highest"
+
+
+_eager_mode = EagerMode.DEFAULT
+_precision = Precision.DEFAULT
+
+
+def set_eager_mode(mode: EagerMode) -> None:
+    global _eager_mode
+    _eager_mode = EagerMode(mode)
+
+
+@contextlib.contextmanager
+def eager_mode(mode: EagerMode) -> Iterator[None]:
+    previous = _eager_mode
+    set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        set_eager_mode(previous)
+
+
+@contextlib.contextmanager
+def precision(value: Precision) -> Iterator[None]:
+    global _precision
+    previous, _precision = _precision, Precision(value)
+    try:
+        yield
+    finally:
+        _precision = previous
+
+
+@contextlib.contextmanager
+def allow_excess_precision(enabled: bool = True) -> Iterator[None]:
+    yield
+
+
+def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("the simulated TPU does not model topology_aware_mesh()")
+
+
+compiler = types.SimpleNamespace()
+ops = types.SimpleNamespace()
+optimizers = types.SimpleNamespace()
+pallas = types.SimpleNamespace()
+profiler = types.SimpleNamespace()
