@@ -110,31 +110,56 @@ def test_get_max_memory_lists_the_chip_with_its_budget(simulated_tpu) -> None:
         assert "tpu" not in get_max_memory()
 
 
-def _sim_offload_supported() -> str | None:
-    """Why the simulator cannot run Accelerate's offload hooks yet (None when it can)."""
-    p = torch.nn.Parameter(torch.zeros(2, device="tpu"))
-    if type(p) is not torch.nn.Parameter:
-        return (
-            f"simulator: a Parameter on tpu is a {type(p).__name__}, so Accelerate's set_module_tensor_to_device "
-            "cannot rebuild it (param_cls(value, requires_grad=...))"
-        )
-    if p.data_ptr() == 0:
-        return "simulator: tpu tensors report data_ptr() == 0, as meta tensors do (Accelerate's tied_params_map)"
-    return None
+# HBM sizes that fit the embeddings (and, for the tied model, lm_head with them) but not the rest.
+MIXED_HBM = {"llama": "256KiB", "qwen3": "160KiB"}
 
 
-def test_tiny_hbm_gives_a_mixed_map(simulated_tpu, llama_dir, prompt) -> None:
-    simulated_tpu.configure(hbm_bytes="256KiB")  # budget 128 KiB: the 160 KiB model does not fit
-    model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tiny_hbm_gives_a_mixed_map(simulated_tpu, arch, request, prompt) -> None:
+    path = request.getfixturevalue(f"{arch}_dir")
+    simulated_tpu.configure(hbm_bytes=MIXED_HBM[arch])  # budget: half of it, less than the model
+    model = AutoModelForCausalLM.from_pretrained(path, device_map="auto")
     assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
     assert model.hf_device_map["model.embed_tokens"] == "tpu"
     assert model.device.type == "tpu"
-    reason = _sim_offload_supported()
-    if reason:
-        pytest.xfail(reason)
-    reference = AutoModelForCausalLM.from_pretrained(llama_dir)
+    if arch == "qwen3":  # tied: the group is placed together, and stays one parameter
+        assert model.hf_device_map["lm_head"] == "tpu"
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    reference = AutoModelForCausalLM.from_pretrained(path)
+    out = model.generate(prompt.to(model.device), **GREEDY)
+    assert out.device.type == "tpu"
+    assert out.cpu().tolist() == reference.generate(prompt, **GREEDY).tolist()
+
+
+# max_memory that leaves modules for the disk (llama: tpu + cpu + disk; qwen3: tpu + disk).
+DISK_MEMORY = {
+    "llama": ({"tpu": "100KiB", "cpu": "90KiB"}, {"tpu", "cpu", "disk"}),
+    "qwen3": ({"tpu": "100KiB", "cpu": "20KiB"}, {"tpu", "disk"}),
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_disk_offload_generates_the_cpu_tokens(simulated_tpu, arch, request, prompt, tmp_path) -> None:
+    path = request.getfixturevalue(f"{arch}_dir")
+    max_memory, devices = DISK_MEMORY[arch]
+
+    def load() -> Any:
+        return AutoModelForCausalLM.from_pretrained(
+            path, device_map="auto", max_memory=dict(max_memory), offload_folder=str(tmp_path)
+        )
+
+    model = load()
+    assert set(model.hf_device_map.values()) == devices
+    reference = AutoModelForCausalLM.from_pretrained(path)
     out = model.generate(prompt.to(model.device), **GREEDY)
     assert out.cpu().tolist() == reference.generate(prompt, **GREEDY).tolist()
+    if arch == "llama":
+        # Upstream, Accelerate reads disk weights with safetensors.safe_open(..., device="tpu"),
+        # which safetensors rejects: the first forward of a disk module fails.
+        with patches_disabled("accelerate_offload"):
+            upstream = load()
+            with pytest.raises(Exception, match="device tpu is invalid"):
+                upstream.generate(prompt.to("tpu"), **GREEDY)
 
 
 def test_tiny_hbm_without_the_patches_is_all_cpu(simulated_tpu, llama_dir) -> None:
@@ -208,6 +233,8 @@ def test_tied_weights_stay_tied(simulated_tpu, qwen3_dir, move) -> None:
 def test_deactivate_restores_every_patched_name() -> None:
     import accelerate.utils
     import accelerate.utils.modeling as modeling
+    import accelerate.utils.offload as offload
+    import safetensors
     import transformers.integrations.accelerate as integration
     import transformers.modeling_utils as modeling_utils
 
@@ -219,15 +246,17 @@ def test_deactivate_restores_every_patched_name() -> None:
             integration.get_max_memory,
             modeling_utils._get_device_map,
             modeling_utils.PreTrainedModel.__dict__["to"],
+            offload.safe_open,
         ]
 
     patched = names()
-    assert all(hasattr(obj, "__wrapped__") for obj in patched[:5])
+    assert all(hasattr(obj, "__wrapped__") for obj in patched[:5] + patched[6:])
     activation.deactivate()
     try:
         originals = names()
         assert not any(type(obj).__name__ == "FunctionWrapper" for obj in originals)
         assert originals[0] is originals[1] is originals[2]
+        assert originals[6] is safetensors.safe_open
     finally:
         activation.activate()
     assert names() == patched

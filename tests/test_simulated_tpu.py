@@ -212,6 +212,49 @@ def test_a_tpu_parameter_class_rebuilds_parameters_like_accelerate_expects(sim):
     assert layer.bias.cpu().tolist() == [0.0, 0.0]
 
 
+def test_moving_to_meta_gives_meta_like_a_real_device(sim):
+    # Accelerate's offload hooks park a weight with set_module_tensor_to_device(..., "meta") after
+    # each forward; the parameter must land on meta (a Parameter, no copy), not on the host.
+    from accelerate.utils import set_module_tensor_to_device
+
+    x = torch.ones(2, 3, device="tpu")
+    start = sim.counters()
+    assert x.to("meta").device.type == "meta"
+    assert torch.empty_like(x, device="meta").device.type == "meta"
+    assert x.new_empty(4, device="meta").device.type == "meta"
+    assert (sim.counters() - start).d2h_bytes == 0
+    layer = torch.nn.Linear(2, 2).to("tpu")
+    set_module_tensor_to_device(layer, "weight", "meta")
+    assert layer.weight.device.type == "meta" and type(layer.weight) is torch.nn.Parameter
+    set_module_tensor_to_device(layer, "weight", "tpu", value=torch.ones(2, 2))
+    assert layer.weight.device.type == "tpu" and isinstance(layer.weight, torch.nn.Parameter)
+
+
+def test_distinct_tpu_tensors_have_distinct_nonzero_data_ptrs(sim):
+    # Accelerate keys tied weights by data_ptr(); a real device never reports 0 for live memory.
+    a, b = torch.zeros(4, device="tpu"), torch.zeros(4, device="tpu")
+    assert a.data_ptr() != 0 and b.data_ptr() != 0 and a.data_ptr() != b.data_ptr()
+    assert a[1:].data_ptr() == a.data_ptr() + a.element_size()
+
+
+def test_tpu_dist_process_group_reduces_tpu_tensors_in_place(sim, tmp_path):
+    # Transformers picks "tpu_dist" for the tpu device (DISTRIBUTED_BACKEND_MAP); here a one-rank group.
+    import torch.distributed as dist
+
+    assert {"tpu_dist", "tpu"} <= set(dist.Backend.backend_list)
+    dist.init_process_group("tpu_dist", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        assert dist.get_backend() == "tpu_dist"
+        x = torch.arange(4.0, device="tpu")
+        dist.all_reduce(x)
+        assert x.device.type == "tpu" and x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+        gathered = [torch.empty(4, device="tpu")]
+        dist.all_gather(gathered, x)
+        assert gathered[0].device.type == "tpu" and gathered[0].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    finally:
+        dist.destroy_process_group()
+
+
 # --- counters -----------------------------------------------------------------------------------
 
 

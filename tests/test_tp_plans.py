@@ -180,3 +180,10 @@ def test_registry_of_rewriters():
     finally:
         assert unregister_rewriter("test_replicate_lm_head") is _rewriter
     assert "test_replicate_lm_head" not in registered_rewriters()
+
+
+def test_replicated_kv_heads_per_rank_is_one_head_under_kv_replication():
+    plan = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": tp_plans.KV_REPLICATED_STYLE}
+    assert tp_plans.replicated_kv_heads_per_rank(plan, 2) == 1
+    assert tp_plans.replicated_kv_heads_per_rank(plan, [2, 2, 2]) == [1, 1, 1]
+    assert tp_plans.replicated_kv_heads_per_rank({"layers.*.self_attn.k_proj": "colwise"}, 4) is None

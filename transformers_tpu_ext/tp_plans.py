@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "KV_REPLICATED_STYLE",
+    "replicated_kv_heads_per_rank",
     "REPLICATE_STYLE",
     "KVReplication",
     "PlanContext",
@@ -238,6 +239,17 @@ def kv_replication(num_heads: int, num_key_value_heads: int, tp_size: int) -> KV
     if tp_size % num_key_value_heads or num_heads % tp_size or num_heads % num_key_value_heads:
         return None
     return KVReplication(num_heads, num_key_value_heads, tp_size)
+
+
+def replicated_kv_heads_per_rank(plan: Mapping[str, str], num_heads: int | list[int]) -> int | list[int] | None:
+    """KV heads one rank holds when ``plan`` replicates KV heads (one per rank), else ``None``.
+
+    Transformers sizes a static cache under TP with ``get_kv_heads_per_rank``, which knows the
+    ``colwise`` style only; under :data:`KV_REPLICATED_STYLE` each rank holds exactly one KV head.
+    """
+    if not any(key.rsplit(".", 1)[-1] == _KEY and style == KV_REPLICATED_STYLE for key, style in plan.items()):
+        return None
+    return 1 if isinstance(num_heads, int) else [1] * len(num_heads)
 
 
 # --------------------------------------------------------------------------------------------------

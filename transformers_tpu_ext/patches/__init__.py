@@ -17,8 +17,10 @@ from __future__ import annotations
 
 REGISTRY: tuple[str, ...] = (
     "accelerate_memory",
+    "accelerate_offload",
     "transformers_device_map",
     "transformers_tied_weights",
     "hub_kernels",
     "tp_plan_rewrite",
+    "tp_kv_cache",
 )

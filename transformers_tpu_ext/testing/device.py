@@ -209,7 +209,9 @@ def _is_tpu_wrapper(x: Any) -> bool:
 
 def _wrap(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
-        return out if isinstance(out, TpuTensor) else TpuTensor._wrap_cpu(out)
+        if isinstance(out, TpuTensor) or out.is_meta:  # ``empty_like(t, device="meta")`` stays on meta
+            return out
+        return TpuTensor._wrap_cpu(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_wrap(o) for o in out)
     return out
@@ -271,7 +273,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             STATE.eager_programs += 1
     if back is not None:
         return _map_back(out, back)
-    if out.__class__ is torch.Tensor:
+    if out.__class__ is torch.Tensor and not out.is_meta:
         return TpuTensor._wrap_cpu(out)
     return _wrap(out)
 
@@ -297,7 +299,8 @@ def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[
                 back[id(host)] = a
             return host
         return a
-    if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+    if isinstance(a, (list, tuple)) and any(isinstance(x, (torch.Tensor, list)) for x in a):
+        # Tensor[] and Tensor[][] (the output lists of c10d's allgather_ / gather_)
         return type(a)(x if x is None else _unwrap(x, func, info, sig, back) for x in a)
     if isinstance(a, torch.device) and a.type == "tpu":
         return _CPU
@@ -359,12 +362,17 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
 def _to_copy(args: tuple, kwargs: dict) -> Any:
     src = args[0]
     device = kwargs.get("device")
-    target_tpu = device is None or torch.device(device).type == "tpu"
+    target = "tpu" if device is None else torch.device(device).type
+    target_tpu = target == "tpu"
     from_tpu = _is_tpu_wrapper(src)
     inner = src._cpu if from_tpu else src
     if inner.device.type == "tpu":
         inner = _host_view(inner)
     new_kwargs = dict(kwargs)
+    if target not in ("tpu", "cpu"):
+        # ``.to("meta")`` (Accelerate's offload hooks, ``init_empty_weights``) gives a meta tensor
+        # and copies nothing, as on a real device.
+        return _aten._to_copy.default(inner, **new_kwargs)
     new_kwargs["device"] = _CPU
     out = _aten._to_copy.default(inner, **new_kwargs)
     if target_tpu:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import compile_backend, device
+from . import compile_backend, device, process_group
 from .chips import CHIPS, parse_bytes
 from .counters import Counters
 
@@ -202,6 +202,7 @@ def _register_torch() -> None:
     )
     sys.modules["torch.tpu.distributed"] = tpu_module.distributed
     device.register(torch.device("tpu", 0))
+    process_group.register()
     compile_backend.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "to", _untie_after_move)
     wrapt.wrap_function_wrapper(torch.nn.Module, "tpu", _untie_after_move)
