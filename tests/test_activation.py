@@ -237,3 +237,25 @@ def test_wraps_refuses_to_wrap_twice(tmp_path, monkeypatch):
     assert module.greet("a") == "HELLO A!"
     wraps.unwrap_all()
     assert module.greet is original
+
+
+def test_a_target_still_executing_is_patched_once_its_code_has_run(registry, tmp_path, monkeypatch):
+    # The entry point fires inside `import torch`, which a target module may be in the middle of:
+    # the hook then sees a half-executed module (here: activation happens before `greet` exists).
+    name = f"tpu_ext_half_target_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "from transformers_tpu_ext import activation\n"
+        "activation.activate()\n"
+        "def greet(who):\n"
+        "    return f'hello {who}'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    patch = _fake_patch("half", name)
+    registry(patch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = __import__(name)
+    assert [str(w.message) for w in caught if issubclass(w.category, activation.TransformersTPUExtWarning)] == []
+    assert activation.active_patches() == ["half"]
+    assert module.greet("tpu") == "HELLO TPU"
+    assert patch.calls["apply"] == 1

@@ -15,6 +15,7 @@ import sys
 import threading
 import warnings
 from types import ModuleType
+from typing import Callable
 
 from . import config
 from .patches import REGISTRY
@@ -50,6 +51,11 @@ def _patch_module(name: str) -> ModuleType:
 def activate() -> None:
     """Turn the plugin on. Safe to call any number of times, from any thread."""
     global _active
+    import wrapt
+
+    # Import the patch modules before taking the lock: an import may have to wait for another
+    # thread's import, whose post-import hook may be waiting for the lock.
+    targets = {name: _patch_module(name).TARGET for name in REGISTRY}
     with _lock:
         if _active:
             return
@@ -64,21 +70,68 @@ def activate() -> None:
             if name not in _hooked:
                 _hooked.add(name)
                 new_hooks.append(name)
-            elif (module := sys.modules.get(_patch_module(name).TARGET)) is not None:
+            elif (module := sys.modules.get(targets[name])) is not None:
                 # Re-activation: the hook already fired (or is still pending for a later import).
                 already_imported.append((name, module))
     # Outside the lock: applying a patch may import modules whose own hooks need the lock.
-    import wrapt
-
     for name in new_hooks:
-        wrapt.register_post_import_hook(functools.partial(_on_import, name), _patch_module(name).TARGET)
+        wrapt.register_post_import_hook(functools.partial(_on_import, name), targets[name])
     for name, module in already_imported:
         _on_import(name, module)
+
+
+class _ImportWatch:
+    """Mixin swapped onto a module's ``ModuleSpec`` while the module is still being imported.
+
+    A post-import hook can see a module before its code has finished: wrapt fires hooks from inside
+    ``exec_module``, and fires a newly registered hook at once for a module that is in
+    ``sys.modules`` while it still executes (the entry point runs inside ``import torch``, which a
+    Transformers module may be in the middle of; or another thread is importing it). The import
+    system clears ``spec._initializing`` once the module's code has run; the callbacks queued here
+    run at that moment, on the importing thread.
+    """
+
+    _tpu_ext_callbacks: list
+
+    def __setattr__(self, key: str, value: object) -> None:
+        super().__setattr__(key, value)
+        if key == "_initializing" and not value:
+            _run_deferred(self)
+
+
+def _run_deferred(spec: object) -> None:
+    with _lock:
+        callbacks = spec.__dict__.pop("_tpu_ext_callbacks", [])
+        if isinstance(spec, _ImportWatch):
+            object.__setattr__(spec, "__class__", type(spec).__bases__[1])
+    for callback in callbacks:
+        callback()
+
+
+def _defer_until_imported(module: ModuleType, callback: Callable[[], None]) -> bool:
+    """Queue ``callback`` for the end of ``module``'s import if that import is still running."""
+    spec = getattr(module, "__spec__", None)
+    if spec is None or not getattr(spec, "_initializing", False):
+        return False
+    with _lock:
+        if not isinstance(spec, _ImportWatch):
+            try:
+                watched = type(f"Watched{type(spec).__name__}", (_ImportWatch, type(spec)), {})
+                object.__setattr__(spec, "__class__", watched)
+            except TypeError:  # an unusual spec class: patch the module as it is
+                return False
+            object.__setattr__(spec, "_tpu_ext_callbacks", [])
+        spec._tpu_ext_callbacks.append(callback)
+    if not getattr(spec, "_initializing", False):  # the import finished while we were watching
+        _run_deferred(spec)
+    return True
 
 
 def _on_import(name: str, module: ModuleType) -> None:
     """Post-import hook of one patch. Never raises: an exception here would fail the user's import."""
     try:
+        if _defer_until_imported(module, functools.partial(_on_import, name, module)):
+            return
         with _lock:
             if not _active or name in _applied or name in _applying:
                 return
