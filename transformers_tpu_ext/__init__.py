@@ -25,7 +25,16 @@ __all__ = [
     "deactivate",
     "is_active",
     "skipped_patches",
+    "warmup",
 ]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy exports keep `import transformers_tpu_ext` cheap
+    if name == "warmup":
+        from .precompile import warmup
+
+        return warmup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _bootstrap() -> None:

@@ -1,0 +1,345 @@
+"""Generation on the simulated TPU, with and without transformers-tpu-ext, in one run.
+
+    python benchmarks/bench_generate.py            # full run (a few minutes on 2 cores)
+    python benchmarks/bench_generate.py --quick    # smoke run
+    python benchmarks/bench_generate.py --output benchmarks/results/run.json
+
+Each side runs in its own subprocess (patches are process-global): ``baseline`` with
+``TRANSFORMERS_TPU_EXT_DISABLE=1`` (plain Transformers), ``plugin``, and ``plugin_warmup`` (the
+plugin after ``transformers_tpu_ext.warmup()``). Every side builds the same seeded tiny
+Qwen3-shaped model, computes the CPU reference tokens first, then moves the model to the
+simulated ``tpu`` and runs:
+
+- ``tpu_inputs``: ``generate(input_ids.to(model.device), max_new_tokens=N)`` three times (what
+  most users write: inputs on the TPU, no cache argument);
+- ``mixed``: a fixed workload of varied batch sizes, prompt lengths and ``max_new_tokens``.
+
+Printed JSON: programs compiled (graphs + eager per-shape programs) and their growth over the
+second half, host<->device bytes per generated token, wall time, padding overhead, tokens equal to
+the CPU reference; then the plugin's own overhead on ``import torch`` and on one CPU
+``generate()`` (no TPU); and the bucket policies of prior art evaluated on the same workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MARK = "@@BENCH@@"
+
+
+def mixed_workload(calls: int, max_prompt: int, max_new: int, seed: int = 0) -> list[tuple[int, int, int]]:
+    """``calls`` deterministic ``(batch, prompt_length, max_new_tokens)`` triples."""
+    rng = random.Random(seed)
+    return [(rng.choice((1, 1, 2, 3)), rng.randint(1, max_prompt), rng.randint(1, max_new)) for _ in range(calls)]
+
+
+def sizes(quick: bool) -> dict:
+    if quick:
+        return {"calls": 6, "max_prompt": 40, "max_new": 6, "tpu_new": 6, "import_runs": 2, "cpu_runs": 5}
+    return {"calls": 24, "max_prompt": 200, "max_new": 48, "tpu_new": 20, "import_runs": 7, "cpu_runs": 60}
+
+
+# -------------------------------------------------------------------------------------------------
+# Worker side (one process per side)
+
+
+def worker(side: str, quick: bool) -> dict:
+    import torch
+
+    from transformers_tpu_ext import testing
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    sim = testing.install(chips=4)
+    cfg = sizes(quick)
+    model = tiny_model("qwen3", seed=0)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(1234)
+    workload = mixed_workload(cfg["calls"], cfg["max_prompt"], cfg["max_new"])
+    prompts = [torch.randint(2, vocab, (b, p), generator=gen) for b, p, _ in workload]
+    single = torch.randint(2, vocab, (1, 7), generator=gen)
+
+    # CPU references (plain Transformers path: the plugin changes nothing without a TPU).
+    reference = [model.generate(ids, max_new_tokens=n, do_sample=False) for ids, (_, _, n) in zip(prompts, workload)]
+    single_ref = model.generate(single, max_new_tokens=cfg["tpu_new"], do_sample=False)
+
+    model.to("tpu")
+    result: dict = {"side": side}
+
+    # Scenario: inputs on the TPU, no cache argument.
+    runs = []
+    for _ in range(3):
+        before, start = sim.counters(), time.perf_counter()
+        out = model.generate(single.to(model.device), max_new_tokens=cfg["tpu_new"], do_sample=False)
+        delta, wall = sim.counters() - before, time.perf_counter() - start
+        new_tokens = out.shape[1] - single.shape[1]
+        runs.append({
+            "programs": delta.programs,
+            "graphs": delta.graphs_compiled,
+            "eager_programs": delta.eager_programs,
+            "new_tokens": new_tokens,
+            "programs_per_token": round(delta.programs / max(new_tokens, 1), 3),
+            "h2d_bytes_per_token": round(delta.h2d_bytes / max(new_tokens, 1), 1),
+            "d2h_bytes_per_token": round(delta.d2h_bytes / max(new_tokens, 1), 1),
+            "wall_s": round(wall, 3),
+            "output_device": str(out.device),
+            "tokens_match_cpu": bool(torch.equal(out.cpu(), single_ref)),
+        })
+    result["tpu_inputs"] = {
+        "first_call": runs[0],
+        "later_calls": runs[1:],
+        "new_programs_per_token_after_first_call": max(r["programs_per_token"] for r in runs[1:]),
+        "decode_compiled": any(r["graphs"] > 0 for r in runs),
+        "tokens_match_cpu": all(r["tokens_match_cpu"] for r in runs),
+        "output_on_tpu": all(r["output_device"].startswith("tpu") for r in runs),
+    }
+
+    # Scenario: the mixed workload.
+    warm = {}
+    if side == "plugin_warmup":
+        import transformers_tpu_ext
+
+        before, start = sim.counters(), time.perf_counter()
+        plans = transformers_tpu_ext.warmup(
+            model,
+            max_batch_size=max(b for b, _, _ in workload),
+            max_prompt_length=max(p for _, p, _ in workload),
+            max_new_tokens=max(n for _, _, n in workload),
+        )
+        delta = sim.counters() - before
+        warm = {"shapes": len(plans), "programs": delta.programs, "wall_s": round(time.perf_counter() - start, 3)}
+    per_call, matches, padding = [], [], []
+    plan_of = _planner(side)
+    start_all = time.perf_counter()
+    for ids, (batch, length, new), ref in zip(prompts, workload, reference):
+        before, start = sim.counters(), time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new, do_sample=False)
+        delta, wall = sim.counters() - before, time.perf_counter() - start
+        made = out.shape[1] - length
+        per_call.append((delta, made * batch, wall))
+        matches.append(bool(torch.equal(out.cpu(), ref)))
+        padded_batch, padded_prompt = plan_of(batch, length)
+        padding.append((batch, length, made, padded_batch, padded_prompt))
+    total_wall = time.perf_counter() - start_all
+    half = len(per_call) // 2
+    first = sum((d for d, _, _ in per_call[:half]), type(per_call[0][0])())
+    second = sum((d for d, _, _ in per_call[half:]), type(per_call[0][0])())
+    total = first + second
+    tokens = sum(t for _, t, _ in per_call)
+    from transformers_tpu_ext.buckets import padding_overhead
+
+    result["mixed"] = {
+        "calls": len(workload),
+        "warmup": warm or None,
+        "programs_total": total.programs,
+        "graphs_total": total.graphs_compiled,
+        "eager_programs_total": total.eager_programs,
+        "programs_first_half": first.programs,
+        "programs_second_half": second.programs,
+        "second_half_growth_pct": round(100 * second.programs / first.programs, 1) if first.programs else 0.0,
+        "generated_tokens": tokens,
+        "h2d_bytes_per_token": round(total.h2d_bytes / tokens, 1),
+        "d2h_bytes_per_token": round(total.d2h_bytes / tokens, 1),
+        "wall_s": round(total_wall, 2),
+        "padding_overhead": round(padding_overhead(padding), 3),
+        "tokens_match_cpu": all(matches),
+        "calls_matching_cpu": sum(matches),
+    }
+
+    # Sampling with a seed stays reproducible.
+    if side != "baseline" or quick is False:
+        outs = []
+        for _ in range(2):
+            torch.manual_seed(7)
+            outs.append(model.generate(prompts[0], max_new_tokens=8, do_sample=True, top_k=20).cpu())
+        result["sampling_reproducible"] = bool(torch.equal(outs[0], outs[1]))
+    return result
+
+
+def _planner(side: str):
+    """``(batch, prompt) -> (padded batch, padded prompt)`` for the side's policy."""
+    if side == "baseline":
+        return lambda batch, length: (batch, length)
+    from transformers_tpu_ext import generation_config
+
+    settings = generation_config.current()
+    # the workload's prompts have no padding: the patch reserves one padding column for them
+    return lambda batch, length: tuple(settings.plan(batch, length, 1, min_padding=1)[:2])
+
+
+def cpu_overhead(runs: int) -> dict:
+    """One small generate() on CPU (no TPU): plugin active vs deactivated, same process, interleaved."""
+    import torch
+
+    import transformers_tpu_ext
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3", seed=0)
+    ids = torch.randint(2, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    timings = {"on": [], "off": []}
+    outputs = {}
+    import gc
+
+    model.generate(ids, max_new_tokens=4, do_sample=False)  # warm caches
+    block = 10  # alternate blocks of calls, so toggling the plugin is never inside a timed call
+    for _ in range(max(runs // block, 1)):
+        for state in ("on", "off"):
+            (transformers_tpu_ext.activate if state == "on" else transformers_tpu_ext.deactivate)()
+            gc.collect()
+            for _ in range(block):
+                start = time.perf_counter()
+                outputs[state] = model.generate(ids, max_new_tokens=4, do_sample=False)
+                timings[state].append(time.perf_counter() - start)
+    transformers_tpu_ext.activate()
+    return {**_compare(timings["on"], timings["off"], digits=3), "same_tokens": bool(torch.equal(outputs["on"], outputs["off"]))}
+
+
+def _compare(with_plugin: list[float], without: list[float], digits: int) -> dict:
+    """Medians and minima in ms; the overhead is taken on the minima (the least disturbed by load)."""
+    ms = lambda seconds: round(seconds * 1e3, digits)  # noqa: E731
+    return {
+        "median_ms_with_plugin": ms(statistics.median(with_plugin)),
+        "median_ms_without_plugin": ms(statistics.median(without)),
+        "min_ms_with_plugin": ms(min(with_plugin)),
+        "min_ms_without_plugin": ms(min(without)),
+        "overhead_ms": ms(min(with_plugin) - min(without)),
+        "runs": len(with_plugin),
+    }
+
+
+# -------------------------------------------------------------------------------------------------
+# Parent side
+
+
+def _env(**changes: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def _run_worker(args: list[str], env: dict) -> dict:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if proc.returncode != 0 or len(lines) != 1:
+        raise RuntimeError(f"worker {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[0][len(MARK):])
+
+
+def import_overhead(runs: int) -> dict:
+    """Median wall time of ``import torch`` in fresh interpreters, with and without the plugin's entry point."""
+    code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    times = {"with_plugin": [], "without_plugin": []}
+    for _ in range(runs):
+        for name, env in (
+            ("with_plugin", _env()),
+            ("without_plugin", _env(TORCH_DEVICE_BACKEND_AUTOLOAD="0")),
+        ):
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+            times[name].append(float(out.stdout.strip().splitlines()[-1]))
+    return _compare(times["with_plugin"], times["without_plugin"], digits=1)
+
+
+def prior_art(quick: bool) -> dict:
+    """Bucket policies on the same workload: distinct prefill shapes and padding overhead."""
+    from transformers_tpu_ext import buckets, generation_config
+
+    cfg = sizes(quick)
+    workload = mixed_workload(cfg["calls"], cfg["max_prompt"], cfg["max_new"])
+    ours = generation_config.current()
+    pow2 = buckets.geometric_ladder(1, 1 << 20, 1, 1)
+    policies = {
+        # vLLM TPU: token counts padded to powers of two, minimum bucket 16.
+        "pow2_min16 (vLLM TPU)": lambda b, p: (buckets.round_up(b, pow2), buckets.round_up(max(p, 16), pow2), None),
+        # optimum-habana: prompt padded to a multiple of bucket_size (128 in its examples).
+        "linear_128 (optimum-habana)": lambda b, p: (buckets.round_up(b, pow2), buckets.round_up(p, range(128, 1 << 16, 128)), None),
+        "ours": lambda b, p: (lambda plan: (plan.batch, plan.prompt, plan.chunk))(ours.plan(b, p, 1, min_padding=1)),
+    }
+    report = {}
+    for name, policy in policies.items():
+        shapes, calls = set(), []
+        for batch, length, new in workload:
+            padded_batch, padded_prompt, chunk = policy(batch, length)
+            chunk = chunk or padded_prompt
+            # upstream's chunked prefill: whole chunks from the left, then the remainder
+            pieces = {chunk} | ({padded_prompt % chunk} if padded_prompt % chunk else set())
+            shapes.update((padded_batch, piece) for piece in pieces)
+            calls.append((batch, length, new, padded_batch, padded_prompt))
+        bound = {}
+        for longest in (cfg["max_prompt"], 4096):  # every prompt length up to `longest`, batch 1
+            pieces = set()
+            for length in range(1, longest + 1):
+                _, padded, chunk = policy(1, length)
+                chunk = chunk or padded
+                pieces |= {chunk} | ({padded % chunk} if padded % chunk else set())
+            bound[f"prompts_up_to_{longest}"] = len(pieces)
+        report[name] = {
+            "prefill_shapes_in_workload": len(shapes),
+            "padding_overhead": round(buckets.padding_overhead(calls), 3),
+            "prefill_shapes_per_batch_bucket": bound,
+        }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--output", help="also write the JSON to this file (e.g. benchmarks/results/run.json)")
+    parser.add_argument("--sides", default="baseline,plugin,plugin_warmup", help="comma list of sides to run")
+    parser.add_argument("--no-overhead", action="store_true", help="skip the import/CPU overhead measures")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-overhead", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    quick_flag = ["--quick"] if args.quick else []
+
+    if args.worker:
+        print(MARK + json.dumps(worker(args.worker, args.quick)), flush=True)
+        return 0
+    if args.cpu_overhead:
+        print(MARK + json.dumps(cpu_overhead(sizes(args.quick)["cpu_runs"])), flush=True)
+        return 0
+
+    started = time.perf_counter()
+    report: dict = {"quick": args.quick, "workload": dict(zip(("calls", "max_prompt", "max_new"), list(sizes(args.quick).values())[:3]))}
+    for side in args.sides.split(","):
+        env = _env(TRANSFORMERS_TPU_EXT_DISABLE="1") if side == "baseline" else _env()
+        report[side] = _run_worker(["--worker", side, *quick_flag], env)
+    if "baseline" in report and "plugin" in report:
+        base, ours = report["baseline"]["mixed"], report["plugin"]["mixed"]
+        report["comparison"] = {
+            "mixed_programs_plugin_over_baseline": round(ours["programs_total"] / max(base["programs_total"], 1), 3),
+            "tpu_inputs_first_call_programs": {
+                "baseline": report["baseline"]["tpu_inputs"]["first_call"]["programs"],
+                "plugin": report["plugin"]["tpu_inputs"]["first_call"]["programs"],
+            },
+        }
+    if not args.no_overhead:
+        report["overhead"] = {
+            "import_torch": import_overhead(sizes(args.quick)["import_runs"]),
+            "generate_cpu_no_tpu": _run_worker(["--cpu-overhead", *quick_flag], _env()),
+        }
+    report["bucket_policies"] = prior_art(args.quick)
+    report["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The bucket policy: plain functions over ints."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformers_tpu_ext import buckets
+
+
+def test_power_of_two_ladder_is_one_step_per_octave():
+    assert buckets.geometric_ladder(16, 256, 1, 16) == (16, 32, 64, 128, 256)
+
+
+def test_default_ladder_has_two_rungs_per_octave_in_multiples_of_16():
+    assert buckets.geometric_ladder(16, 256, 2, 16) == (16, 32, 48, 64, 96, 128, 192, 256)
+
+
+def test_ladder_ends_at_the_maximum():
+    assert buckets.geometric_ladder(16, 250, 2, 1)[-1] == 250
+    assert buckets.geometric_ladder(16, 200, 2, 16)[-1] == 208
+
+
+@pytest.mark.parametrize("length", range(1, 257))
+def test_two_steps_per_octave_pads_at_most_a_third(length):
+    ladder = buckets.geometric_ladder(16, 256, 2, 16)
+    padded = buckets.prompt_bucket(length, ladder, 256)
+    assert padded >= length
+    assert padded <= max(16, length * 3 / 2 + 16)  # rung ratio <= 1.5, plus the 16-token tile
+
+
+def test_round_up_past_the_last_bucket_uses_its_multiples():
+    assert buckets.round_up(3, (1, 2, 4)) == 4
+    assert buckets.round_up(9, (1, 2, 4)) == 12
+
+
+def test_long_prompts_are_whole_chunks_plus_a_rung():
+    ladder = buckets.geometric_ladder(16, 256, 2, 16)
+    assert buckets.prompt_bucket(257, ladder, 256) == 256 + 16
+    assert buckets.prompt_bucket(700, ladder, 256) == 512 + 192
+    assert buckets.prefill_chunk(704, 256) == 256
+
+
+def test_long_prompts_add_no_prefill_shape_and_waste_little():
+    ladder = buckets.geometric_ladder(16, 128, 2, 16)
+    shapes = set()
+    for length in range(1, 5000):
+        padded = buckets.prompt_bucket(length, ladder, 128)
+        chunk = buckets.prefill_chunk(padded, 128)
+        # upstream's chunked prefill: whole chunks from the left, then the remainder
+        shapes |= {chunk} | ({padded % chunk} if padded % chunk else set())
+        if length > 128:
+            assert padded - length < 128 / 3 + 16
+    assert shapes == set(ladder)
+
+
+def test_plan_rounds_batch_prompt_and_cache():
+    plan = buckets.plan(
+        3, 100, 40,
+        prompt_ladder=(16, 32, 64, 128), chunk=128,
+        batch_ladder=(1, 2, 4), cache_ladder=(64, 128, 256),
+    )
+    assert plan == (4, 128, 128, 256)
+    assert (plan.batch, plan.prompt, plan.chunk, plan.cache) == (4, 128, 128, 256)
+
+
+def test_cache_floor_keeps_a_warmed_up_length():
+    assert buckets.cache_bucket(70, (64, 128, 256), floor=256) == 256
+
+
+def test_padding_overhead_counts_prefill_and_decode_tokens():
+    # 1 row, prompt 10 padded to 16, 5 new tokens (4 decode steps): (16 + 4) / (10 + 4)
+    assert buckets.padding_overhead([(1, 10, 5, 1, 16)]) == pytest.approx(20 / 14)
+    assert buckets.padding_overhead([(2, 16, 3, 2, 16)]) == 1.0
+
+
+def test_bad_sizes_are_refused_with_the_name():
+    with pytest.raises(ValueError, match="steps_per_octave"):
+        buckets.geometric_ladder(16, 256, 0, 16)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        buckets.plan(0, 1, 1, prompt_ladder=(16,), chunk=None, batch_ladder=(1,), cache_ladder=(64,))
