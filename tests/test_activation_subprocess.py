@@ -139,3 +139,33 @@ def test_without_a_tpu_the_plugin_changes_nothing():
     assert patched["device"] == plain["device"] == "cpu"
     assert patched["map"] == plain["map"]
     assert patched["tokens"] == plain["tokens"]
+
+
+def test_simulator_installed_after_activation_is_seen_when_patched_code_runs():
+    # "Is there a TPU?" is asked when a patched function runs, never at activation: a backend that
+    # registers its device after the plugin activated (entry points load in no fixed order) is used.
+    value, _ = run_python(
+        """
+import tempfile, torch
+import transformers_tpu_ext as ext
+from transformers import AutoModelForCausalLM
+import transformers.modeling_utils, transformers.generation.utils, accelerate.utils.modeling
+from transformers_tpu_ext import backend, testing
+from transformers_tpu_ext.testing.tiny import save_tiny_model
+applied_before = ext.active_patches()
+tpu_before = backend.tpu_available()
+testing.install()
+with tempfile.TemporaryDirectory() as tmp:
+    save_tiny_model(tmp, arch="llama")
+    model = AutoModelForCausalLM.from_pretrained(tmp, device_map="auto")
+    ids = torch.tensor([[5, 9, 17, 33]])
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+report({"applied_before": applied_before, "applied_after": ext.active_patches(), "tpu_before": tpu_before,
+        "device": str(model.device), "out_device": str(out.device), "new_tokens": out.shape[1] - 4})
+""",
+        env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )
+    assert value["tpu_before"] is False
+    assert value["applied_before"] and value["applied_after"] == value["applied_before"]
+    assert value["device"] == "tpu:0"
+    assert value["out_device"] == "cpu" and value["new_tokens"] == 4
