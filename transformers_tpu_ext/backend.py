@@ -12,10 +12,11 @@ device after the plugin was activated (entry points load in no fixed order).
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from .topology import normalize_generation
 
 DEVICE_TYPE = "tpu"
 
@@ -69,15 +70,6 @@ class ChipInfo:
     count: int
 
 
-_GENERATION = re.compile(r"v\d+[a-z]*", re.IGNORECASE)
-
-
-def generation_of(name: str) -> str | None:
-    """``"TPU v6e"`` → ``"v6e"``; ``None`` when the name holds no generation."""
-    match = _GENERATION.search(name or "")
-    return match.group(0).lower() if match else None
-
-
 def chip_info() -> ChipInfo | None:
     """Name, generation, HBM (bytes) and chip count, or ``None`` without a TPU."""
     if not tpu_available():
@@ -87,7 +79,7 @@ def chip_info() -> ChipInfo | None:
     name = str(getattr(props, "name", "") or tpu.get_device_name())
     return ChipInfo(
         name=name,
-        generation=generation_of(name),
+        generation=normalize_generation(name),
         total_memory=int(props.total_memory),
         count=device_count(),
     )

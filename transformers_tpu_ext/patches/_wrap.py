@@ -51,6 +51,16 @@ class Wraps:
         return bool(self._saved)
 
 
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time it is seen in this process."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("transformers-tpu-ext: %s", message)
+
+
 def _wrapped_by(obj: Any, wrapper: Wrapper) -> bool:
     while obj is not None:
         if getattr(obj, "_self_wrapper", None) is wrapper:

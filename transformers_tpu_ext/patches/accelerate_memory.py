@@ -20,7 +20,7 @@ import sys
 from typing import Any, Callable
 
 from .. import backend, placement
-from ._wrap import Wraps, fail_safe
+from ._wrap import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_memory"
 TARGET = "accelerate.utils.modeling"
@@ -36,13 +36,6 @@ ALIASES: tuple[tuple[str, str], ...] = (
 
 _wraps = Wraps()
 _state: dict[str, Any] = {}
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning("transformers-tpu-ext: %s", message)
 
 
 def default_tpu_budget() -> int | None:
@@ -51,11 +44,11 @@ def default_tpu_budget() -> int | None:
     if info is None:
         return None
     try:
-        headroom = placement.headroom_bytes(info.total_memory)
+        budget = placement.tpu_budget(info.total_memory)
     except ValueError as error:
-        _warn_once(f"{error}; using the default headroom")
-        headroom = placement.default_headroom(info.total_memory)
-    budget = max(0, info.total_memory - headroom)
+        warn_once(f"{error}; using the default headroom")
+        budget = placement.tpu_budget(info.total_memory, environ={})
+    headroom = info.total_memory - budget
     logger.info(
         "transformers-tpu-ext: device_map budget on %s: %d bytes (%d bytes of HBM minus %d bytes of headroom; "
         "set max_memory={'tpu': ...} or %s to change it)",
@@ -94,7 +87,7 @@ def with_tpu(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: di
     max_memory, rebind = _max_memory_arg(args, kwargs)
     user_tpu, rest, ignored = placement.split_tpu_entry(max_memory)
     for key in ignored:
-        _warn_once(
+        warn_once(
             f"max_memory key {key!r} ignored: this process is bound to one TPU chip, named 'tpu' (or 0); "
             "run one process per chip to use several"
         )

@@ -21,7 +21,7 @@ import sys
 from typing import Any, Callable
 
 from .. import backend, placement
-from ._wrap import Wraps, fail_safe
+from ._wrap import Wraps, fail_safe, warn_once
 from .accelerate_memory import with_tpu
 
 NAME = "transformers_device_map"
@@ -33,15 +33,6 @@ logger = logging.getLogger("transformers_tpu_ext")
 _AUTO = ("auto", "balanced", "balanced_low_0", "sequential")
 
 _wraps = Wraps()
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning("transformers-tpu-ext: %s", message)
-
-
 def _get_device_map(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     if not backend.tpu_available():
         return wrapped(*args, **kwargs)
@@ -72,7 +63,7 @@ def _chip(name: str, device: Any) -> Any:
     if not isinstance(device, int) or isinstance(device, bool):
         return device
     if device != 0:
-        _warn_once(
+        warn_once(
             f"device_map entry {name!r}: {device} means this process' TPU chip (tpu:0); a process reaches one "
             "chip only (run one process per chip)"
         )

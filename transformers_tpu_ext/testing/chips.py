@@ -7,7 +7,6 @@ rather than against itself.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 __all__ = ["CHIPS", "Chip", "parse_bytes"]
@@ -43,19 +42,8 @@ CHIPS: dict[str, Chip] = {
     "v7": Chip("v7", 192 * GiB, (2, 4, 8), 2),
 }
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
 def parse_bytes(text: str | int) -> int:
     """``"1GiB"`` → 1073741824, ``"16GB"`` → 16000000000, ``"4096"`` → 4096."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size in bytes: {text!r} (use e.g. 4096, 512MiB, 1GiB, 16GB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    from ..placement import parse_size  # one size syntax for the whole project
+
+    return text if isinstance(text, int) else parse_size(text)
