@@ -91,6 +91,7 @@ def test_guide_tp_example_runs_on_tpu_dist_through_the_launcher(tmp_path: Path) 
         "PYTHONWARNINGS": "ignore",
     }
     env.pop("TRANSFORMERS_TPU_EXT_DISABLE", None)
+    env.pop("TRANSFORMERS_TPU_EXT_TP_REWRITE", None)  # the default (auto): the TPU path rewrites, no opt-in
     proc = subprocess.run(
         [sys.executable, "-m", "transformers_tpu_ext.launch", f"--nproc_per_node={NPROC}"]
         + [str(script), str(model), str(out)],

@@ -1,7 +1,9 @@
 """Tensor parallelism end to end on CPU: torchrun, gloo, tiny models saved to a temporary directory.
 
 Two launches (4 ranks, then 2 ranks) run every case through ``tests/tp_worker.py``; each rank compares
-the sharded model's logits and greedy ``generate()`` tokens with the unsharded model's. Without the
+the sharded model's logits and greedy ``generate()`` tokens with the unsharded model's. There is no TPU
+here, so the workers run with ``TRANSFORMERS_TPU_EXT_TP_REWRITE=always``, the documented opt-in for
+CPU/GPU clusters (the default, ``auto``, rewrites on TPU only: ``test_tp_launch_e2e.py``). Without the
 ``tp_plan_rewrite`` patch (``TRANSFORMERS_TPU_EXT_DISABLE=tp_plan_rewrite``) the KV-head and tied
 cases fail with upstream's shape errors.
 """
@@ -62,6 +64,9 @@ def _launch(root: Path, nproc: int, cases: list[dict]) -> dict[str, list[dict]]:
     spec.write_text(json.dumps({"out": str(out), "cases": cases}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env["TRANSFORMERS_TPU_EXT_TP_REWRITE"] = "always"  # no TPU here: the opt-in for CPU/GPU clusters
+    if os.environ.get("TRANSFORMERS_TPU_EXT_DISABLE"):  # to check that these tests fail without the patch
+        env["TRANSFORMERS_TPU_EXT_DISABLE"] = os.environ["TRANSFORMERS_TPU_EXT_DISABLE"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     proc = subprocess.run([*command, str(WORKER), str(spec)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]

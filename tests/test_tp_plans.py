@@ -187,3 +187,31 @@ def test_replicated_kv_heads_per_rank_is_one_head_under_kv_replication():
     assert tp_plans.replicated_kv_heads_per_rank(plan, 2) == 1
     assert tp_plans.replicated_kv_heads_per_rank(plan, [2, 2, 2]) == [1, 1, 1]
     assert tp_plans.replicated_kv_heads_per_rank({"layers.*.self_attn.k_proj": "colwise"}, 4) is None
+
+
+@pytest.mark.parametrize(
+    "environ, tpu, enabled",
+    [
+        ({}, False, False),  # the default: TPU only, so without one the plugin changes nothing
+        ({}, True, True),
+        ({tp_plans.TP_REWRITE_ENV: ""}, True, True),
+        ({tp_plans.TP_REWRITE_ENV: "auto"}, False, False),
+        ({tp_plans.TP_REWRITE_ENV: "Always"}, False, True),  # the opt-in for CPU/GPU clusters
+        ({tp_plans.TP_REWRITE_ENV: "never"}, True, False),
+    ],
+)
+def test_where_the_patches_rewrite(environ, tpu, enabled):
+    asked = []
+
+    def tpu_available():
+        asked.append(True)
+        return tpu
+
+    assert tp_plans.rewrite_enabled(tpu_available, environ) is enabled
+    # Only "auto" asks the backend.
+    assert bool(asked) == (tp_plans.rewrite_mode(environ) == "auto")
+
+
+def test_invalid_rewrite_setting_names_the_variable_and_the_values():
+    with pytest.raises(ValueError, match=r"TRANSFORMERS_TPU_EXT_TP_REWRITE='yes' .*auto, always, never"):
+        tp_plans.rewrite_enabled(lambda: True, {tp_plans.TP_REWRITE_ENV: "yes"})

@@ -18,10 +18,16 @@ Built-in rewriters, in order:
   head must shard it the same way; the rule that is not the user's is aligned with the other one.
 
 Add your own with :func:`register_rewriter`. Nothing here imports torch or Transformers.
+
+Where the patches rewrite is :data:`TP_REWRITE_ENV` (``TRANSFORMERS_TPU_EXT_TP_REWRITE``), read by
+:func:`rewrite_mode` each time a patched function runs: ``auto`` (the default) only when a TPU is
+present, so that without one the plugin changes nothing; ``always`` on any device (CPU/GPU clusters
+that want the fix); ``never`` not at all. The functions here work on any device regardless.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +36,8 @@ __all__ = [
     "KV_REPLICATED_STYLE",
     "replicated_kv_heads_per_rank",
     "REPLICATE_STYLE",
+    "TP_REWRITE_ENV",
+    "TP_REWRITE_MODES",
     "KVReplication",
     "PlanContext",
     "PlanRewrite",
@@ -41,6 +49,8 @@ __all__ = [
     "kv_replication",
     "register_rewriter",
     "registered_rewriters",
+    "rewrite_enabled",
+    "rewrite_mode",
     "rewrite_plan",
     "unregister_rewriter",
     "validate_plan",
@@ -77,6 +87,33 @@ _QUERY, _KEY, _VALUE, _OUTPUT = "q_proj", "k_proj", "v_proj", "o_proj"
 
 class TPPlanError(ValueError):
     """A tensor-parallel plan that cannot work for this model; raised before any weight is loaded."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the patches rewrite
+
+#: The environment variable choosing where the ``tp_plan_rewrite`` and ``tp_kv_cache`` patches act.
+TP_REWRITE_ENV = "TRANSFORMERS_TPU_EXT_TP_REWRITE"
+#: Its values: ``auto`` (default: only when a TPU is present), ``always`` (any device), ``never``.
+TP_REWRITE_MODES = ("auto", "always", "never")
+
+
+def rewrite_mode(environ: Mapping[str, str] | None = None) -> str:
+    """The value of :data:`TP_REWRITE_ENV` (``"auto"`` when unset or empty); ``ValueError`` if invalid."""
+    raw = (os.environ if environ is None else environ).get(TP_REWRITE_ENV, "")
+    mode = raw.strip().lower() or "auto"
+    if mode not in TP_REWRITE_MODES:
+        raise ValueError(
+            f"{TP_REWRITE_ENV}={raw!r} is not valid: use one of {', '.join(TP_REWRITE_MODES)} "
+            "(auto: rewrite TP plans on TPU only; always: on any device; never: off)"
+        )
+    return mode
+
+
+def rewrite_enabled(tpu_available: Callable[[], bool], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the TP patches act now: ``always``, or ``auto`` and ``tpu_available()`` (asked only then)."""
+    mode = rewrite_mode(environ)
+    return mode == "always" or (mode == "auto" and bool(tpu_available()))
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,17 @@ cache update fails (``index_copy_(): Source/destination tensor must have same sl
 the static cache is the default, so this is the path a plain ``generate()`` takes. The wrapper
 answers one head per rank for such plans (:func:`transformers_tpu_ext.tp_plans.replicated_kv_heads_per_rank`)
 and defers to upstream for every other plan.
+
+Like ``tp_plan_rewrite``, it acts only where that patch does (``TRANSFORMERS_TPU_EXT_TP_REWRITE``,
+decided each time the function runs): by default only when a TPU is present; with ``always`` on any
+device; with ``never`` not at all. Otherwise the call is upstream's.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import tp_plans
+from .. import backend, tp_plans
 from ._wrap import Wraps, fail_safe
 
 NAME = "tp_kv_cache"
@@ -31,7 +35,13 @@ def _kv_heads_per_rank(wrapped: Callable[..., Any], instance: Any, args: tuple, 
     return wrapped(*args, **kwargs) if per_rank is None else per_rank
 
 
-_wrapper = fail_safe(_kv_heads_per_rank)
+_guarded = fail_safe(_kv_heads_per_rank)
+
+
+def _wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not tp_plans.rewrite_enabled(backend.tpu_available):  # ValueError for an invalid setting
+        return wrapped(*args, **kwargs)
+    return _guarded(wrapped, instance, args, kwargs)
 
 
 def apply(module: Any) -> None:

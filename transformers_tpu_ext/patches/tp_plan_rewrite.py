@@ -12,20 +12,27 @@ before any weight is read). The wrapper here:
    style below shards on, and sets each rewritten attention module's ``num_key_value_groups`` to its
    per-rank value.
 
-It also registers the TP style ``kv_replicated_colwise`` in Transformers' ``ParallelInterface``
-(``ParallelInterface.register``, the documented way); ``revert()`` puts the registry entry and the
-method back exactly. The rewrite runs on every device (the failure it fixes is the same on CPU, GPU
-and TPU). Device binding (one chip per rank seen as ``tpu:0``) and the ``tpu_dist`` backend are
-already handled by Transformers 5.24 (``transformers.distributed.utils``), so nothing is added here.
+The first time it acts, it also registers the TP style ``kv_replicated_colwise`` in Transformers'
+``ParallelInterface`` (``ParallelInterface.register``, the documented way); ``revert()`` puts the
+registry entry and the method back exactly.
+
+When it acts is decided each time the method runs, by ``TRANSFORMERS_TPU_EXT_TP_REWRITE``
+(:func:`transformers_tpu_ext.tp_plans.rewrite_enabled`): ``auto`` (the default) only when a TPU is
+present, so that without one the call is upstream's, byte for byte (no rewrite, no ``TPPlanError``,
+no extra style); ``always`` on any device (the failures it fixes are the same on CPU/gloo and GPU,
+so clusters there can opt in); ``never`` not at all. An invalid value raises ``ValueError``. Device
+binding (one chip per rank seen as ``tpu:0``) and the ``tpu_dist`` backend are already handled by
+Transformers 5.24 (``transformers.distributed.utils``), so nothing is added here.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import threading
 from typing import Any
 
-from .. import tp_plans
+from .. import backend, tp_plans
 from ._wrap import _MISSING, Wraps
 
 NAME = "tp_plan_rewrite"
@@ -36,6 +43,7 @@ logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
 _style_saved: list[tuple[Any, Any]] = []  # (interface class, previous registry value)
+_style_lock = threading.Lock()
 _reported: set[str] = set()
 
 # Attribute set on k_proj/v_proj modules: the 2-D mesh their KV-replicated weights live on.
@@ -46,23 +54,31 @@ _KV_MESH_DIMS = ("tp_kv", "tp_kv_replica")
 def apply(module: Any) -> None:
     if _wraps:
         return
-    from transformers.distributed import parallel_utils
-
-    interface = parallel_utils.ParallelInterface
-    previous = interface._global_mapping.get(tp_plans.KV_REPLICATED_STYLE, _MISSING)
-    interface.register(tp_plans.KV_REPLICATED_STYLE, _kv_replicated_style())
-    _style_saved.append((interface, previous))
     _wraps.wrap(module, "DistributedMixin._resolve_parallel_plans", _resolve_parallel_plans)
 
 
 def revert() -> None:
     _wraps.unwrap_all()
-    while _style_saved:
-        interface, previous = _style_saved.pop()
-        if previous is _MISSING:
-            interface._global_mapping.pop(tp_plans.KV_REPLICATED_STYLE, None)
-        else:
-            interface._global_mapping[tp_plans.KV_REPLICATED_STYLE] = previous
+    with _style_lock:
+        while _style_saved:
+            interface, previous = _style_saved.pop()
+            if previous is _MISSING:
+                interface._global_mapping.pop(tp_plans.KV_REPLICATED_STYLE, None)
+            else:
+                interface._global_mapping[tp_plans.KV_REPLICATED_STYLE] = previous
+
+
+def _register_style() -> None:
+    """Register ``kv_replicated_colwise`` in ``ParallelInterface``, once, when the rewrite first acts."""
+    with _style_lock:
+        if _style_saved or not _wraps:
+            return
+        from transformers.distributed import parallel_utils
+
+        interface = parallel_utils.ParallelInterface
+        previous = interface._global_mapping.get(tp_plans.KV_REPLICATED_STYLE, _MISSING)
+        interface.register(tp_plans.KV_REPLICATED_STYLE, _kv_replicated_style())
+        _style_saved.append((interface, previous))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,8 +92,11 @@ def _rank() -> int:
 
 
 def _resolve_parallel_plans(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not tp_plans.rewrite_enabled(backend.tpu_available):  # ValueError for an invalid setting
+        return wrapped(*args, **kwargs)
     distributed_config = args[0] if args else kwargs.get("distributed_config")
     try:
+        _register_style()
         prepared = _prepare(instance, distributed_config)
     except tp_plans.TPPlanError:
         raise  # a plan that cannot work: the user must hear it, before any weight is loaded
