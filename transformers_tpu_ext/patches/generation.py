@@ -2,12 +2,16 @@
 
 Thin wrappers around ``GenerationMixin`` methods; off TPU each one calls the original at once.
 
-- ``generate``: keeps the tensors that grow every step (sequences, attention mask, positions) on
-  the CPU and returns the result on the input's device; picks the static cache when the caller
-  asked for none; rounds batch size and prompt length up to buckets (left padding + attention
-  mask; dummy rows copy a real row and are marked finished at once), and runs the bucketed
-  prefill through the compiled forward (upstream's chunked prefill, one chunk up to
+- ``generate`` (decoder-only models; encoder-decoder models are left to upstream, whose encoder
+  needs its inputs on the model's device): keeps the tensors that grow every step (sequences,
+  attention mask, positions; with ``inputs_embeds``, the embeddings and the token tensor upstream
+  would create) on the CPU and returns the result on the input's device; picks the static cache
+  when the caller asked for none; rounds batch size and prompt length up to buckets (left
+  padding + attention mask; dummy rows copy a real row and are marked finished at once), and runs
+  the bucketed prefill through the compiled forward (upstream's chunked prefill, one chunk up to
   ``prefill_chunk``). The padding is removed from the result (and from what a streamer sees).
+  The user's own errors (settings, arguments, generation options) are raised before the
+  fail-safe planning, as upstream raises them.
 - ``_prepare_generated_length``: ``max_length``/``min_length`` keep their meaning for the
   unpadded prompt.
 - ``_prepare_cache_for_generation``: the static cache length is rounded up to a bucket.
@@ -49,8 +53,7 @@ _wraps = Wraps()
 #: String backends that run on any device; any other string backend is replaced by ``tpu``.
 _PORTABLE_BACKENDS = {"tpu", "eager", "aot_eager", "aot_eager_decomp_partition"}
 #: Tensors upstream grows every step (kept on CPU); everything else is left where it is.
-_GROWING = ("input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids",
-            "decoder_input_ids", "decoder_attention_mask")
+_GROWING = ("input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids")
 
 
 @dataclass
@@ -107,9 +110,28 @@ def revert() -> None:
 def _generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if _call.get() is not None or not is_tpu(getattr(instance, "device", None)):
         return wrapped(*args, **kwargs)
-    # Settings errors are the user's to fix: raised here, outside the fail-safe.
-    settings_module.current()
-    return _generate_on_tpu(wrapped, instance, args, kwargs)
+    # The user's mistakes surface here, once, exactly as upstream raises them: a bad setting, an
+    # argument generate() does not take, an invalid generation option. Only our own planning below
+    # is fail-safe (an error of ours there falls back to the unpatched call).
+    settings = settings_module.current()
+    if instance.config.is_encoder_decoder:
+        # The encoder's inputs must stay on the model's device, and upstream creates the decoder's
+        # growing tensors beside them: left to upstream (only the CompileConfig adaptation applies).
+        return wrapped(*args, **kwargs)
+    call = _bind("generate", args, kwargs)
+    generation_config, _ = instance._prepare_generation_config(
+        call.get("generation_config"), **{k: v for k, v in call.items() if k not in _GENERATE_PARAMETERS}
+    )
+    planned = _plan_safely(instance, call, generation_config, settings)
+    if planned is None:
+        return wrapped(*args, **kwargs)
+    call, state, restore = planned
+    token = _call.set(state)
+    try:
+        result = wrapped(**call)
+    finally:
+        _call.reset(token)
+    return _restore(result, *restore)
 
 
 def _bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -123,33 +145,56 @@ def _bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     return arguments
 
 
-@fail_safe
-def _generate_on_tpu(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any:
+_plan_failures: set[str] = set()
+
+
+def _plan_safely(model: Any, call: dict, generation_config: Any, settings: Any) -> Any:
+    """``_plan(...)``, or ``None`` (call upstream unchanged) if it fails: a bug of ours never breaks generate()."""
+    try:
+        return _plan(model, call, generation_config, settings)
+    except Exception as error:
+        key = f"{type(error).__name__}: {error}"
+        with _warned_lock:
+            first = key not in _plan_failures
+            _plan_failures.add(key)
+        if first:
+            logger.warning(
+                "transformers-tpu-ext: generate() planning failed (%s); falling back to the unpatched call", key
+            )
+        return None
+
+
+def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[dict, _Call, tuple]:
+    """How to run a decoder-only ``generate()`` on TPU: the arguments to pass upstream, the state the
+    inner wrappers read, and what ``_restore`` needs (padding, batch rows, output device)."""
     import torch
 
-    settings = settings_module.current()
-    call = _bind("generate", args, kwargs)
+    call = dict(call)
     main_name = "inputs" if call.get("inputs") is not None else "input_ids"
     main = call.get(main_name)
-    out_device = main.device if isinstance(main, torch.Tensor) else None
+    embeds = call.get("inputs_embeds")
+    if not isinstance(main, torch.Tensor) and isinstance(embeds, torch.Tensor):
+        # Upstream would create the (empty) token tensor on the model's device; create it on the CPU,
+        # with the embeddings, so the loop's tensors live together there.
+        main_name, main = "input_ids", torch.ones((embeds.shape[0], 0), dtype=torch.long)
+        call["input_ids"] = main
+        out_device = embeds.device
+    else:
+        out_device = main.device if isinstance(main, torch.Tensor) else None
 
     # 1. The growing tensors live on the CPU during the loop; forward gets its inputs moved.
     cpu = torch.device("cpu")
-    for name in ("inputs", *_GROWING):
+    for name in ("inputs", "inputs_embeds", *_GROWING):
         value = call.get(name)
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             call[name] = value.to(cpu)
 
-    generation_config, _ = model._prepare_generation_config(
-        call.get("generation_config"), **{k: v for k, v in call.items() if k not in _GENERATE_PARAMETERS}
-    )
     state = _Call(settings=settings)
     greedy_or_sample = (
         call.get("custom_generate") is None
         and call.get("assistant_model") is None
         and generation_config.get_generation_mode(None).value in ("greedy_search", "sample")
     )
-    decoder_only = not model.config.is_encoder_decoder
     user_cache = call.get("cache") is not None or call.get("past_key_values") is not None
 
     user_config = call.get("generation_config")
@@ -171,7 +216,6 @@ def _generate_on_tpu(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any
         and not user_cache
         and generation_config.use_cache is not False
         and not generation_config.disable_compile
-        and decoder_only
         and greedy_or_sample
         and model._supports_default_dynamic_cache()
     ):
@@ -184,7 +228,6 @@ def _generate_on_tpu(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any
     if (
         settings.bucketing
         and static
-        and decoder_only
         and greedy_or_sample
         and not user_cache
         and isinstance(ids, torch.Tensor)
@@ -203,8 +246,11 @@ def _generate_on_tpu(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any
         mask = call.get("attention_mask")
         if mask is None:
             mask = _infer_attention_mask(model, ids, generation_config)
-        # Upstream drops an all-ones mask, and the prefill then compiles a second (mask-less)
-        # graph per bucket: keep at least one padding column so every call takes the masked path.
+        # Without any padding the prefill's mask is skipped (upstream drops an all-ones mask, and
+        # SDPA's causal skip drops an unpadded first chunk's), a second, mask-less graph per rung,
+        # even after warmup(): keep one padding column so every call takes the masked graph. (So a
+        # prompt exactly a rung long moves to the next rung; measured: without the column, 16-,
+        # 32- and 64-token prompts compile one more graph each after warmup.)
         plan = settings.plan(real_rows, length, 1, min_padding=int(bool(mask.all())))
         pad, padded_rows = plan.prompt - length, plan.batch
         dummy_rows = padded_rows - real_rows
@@ -229,12 +275,7 @@ def _generate_on_tpu(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any
         state.pad = pad
         state.bucket_cache = True
 
-    token = _call.set(state)
-    try:
-        result = wrapped(**call)
-    finally:
-        _call.reset(token)
-    return _restore(result, pad, (real_rows, padded_rows) if dummy_rows else None, out_device)
+    return call, state, (pad, (real_rows, padded_rows) if dummy_rows else None, out_device)
 
 
 _GENERATE_PARAMETERS = {
