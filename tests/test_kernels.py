@@ -1,8 +1,10 @@
 """Hub kernels on TPU without jax: one clear error naming the install command.
 
-``kernels`` is not installed here, and it need not be: on TPU the patch checks for jax before
-Transformers looks for ``kernels`` (the command it names installs both). Whether jax is installed is
-set per test through ``hub_kernels.jax_installed``, so the tests hold on a machine that has jax.
+``kernels`` is not installed here, and it need not be: on TPU the patches (``hub_kernels`` on
+``transformers.integrations.hub_kernels``, ``use_kernels`` on ``PreTrainedModel.set_use_kernels``)
+check for jax before Transformers looks for ``kernels`` (the command they name installs both).
+Whether jax is installed is set per test through ``hub_kernels.jax_installed``, so the tests hold on
+a machine that has jax.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib.util
 import re
 
 import pytest
+from _subprocess import run_python
 
 from transformers_tpu_ext.patches import hub_kernels
 
@@ -55,6 +58,35 @@ def test_kernelize_on_tpu_without_jax(tpu_model, no_jax):
 
     with pytest.raises(ImportError, match=INSTALL):
         kernelize(tpu_model)
+
+
+KERNELIZE_FIRST = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from transformers import kernelize   # resolved before transformers.modeling_utils is imported
+early = "transformers.modeling_utils" not in sys.modules
+from transformers_tpu_ext import testing
+from transformers_tpu_ext.patches import hub_kernels
+from transformers_tpu_ext.testing.tiny import tiny_model
+hub_kernels.jax_installed = lambda: False
+testing.install()
+model = tiny_model("llama", vocab_size=128).to("tpu")
+try:
+    kernelize(model)
+    report([early, "no error"])
+except Exception as error:
+    report([early, type(error).__name__, str(error)])
+"""
+
+
+def test_kernelize_imported_from_transformers_first_names_the_install_command():
+    (early, kind, message), _ = run_python(KERNELIZE_FIRST)
+    assert early is True
+    assert kind == "ImportError" and re.search(INSTALL, message) and "kernelize() on tpu" in message
+    # Without the patch, that kernelize is upstream's: no word of jax (here it fails about `kernels`).
+    unpatched, _ = run_python(KERNELIZE_FIRST, env={"TRANSFORMERS_TPU_EXT_DISABLE": "hub_kernels"})
+    assert unpatched[0] is True and "jax" not in " ".join(unpatched[1:])
 
 
 @needs_no_kernels

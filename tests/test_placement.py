@@ -19,6 +19,8 @@ from transformers_tpu_ext import activation, config  # noqa: E402
 from transformers_tpu_ext.placement import HEADROOM_ENV  # noqa: E402
 from transformers_tpu_ext.testing import tiny  # noqa: E402
 
+from _subprocess import run_python  # noqa: E402
+
 PLACEMENT = ("accelerate_memory", "transformers_device_map")
 GREEDY = dict(max_new_tokens=6, do_sample=False)
 
@@ -212,22 +214,62 @@ def test_no_tpu_is_upstream(simulated_tpu, qwen3_dir, prompt) -> None:
     assert _devices(model) == _devices(upstream) == {"cpu"}
 
 
-@pytest.mark.parametrize("move", ["to", "pipeline"])
+def _tied(model: Any) -> bool:
+    return model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("move", ["to", "tpu", "pipeline", "back_to_cpu"])
 def test_tied_weights_stay_tied(simulated_tpu, qwen3_dir, move) -> None:
-    simulated_tpu.configure(untie_on_move=True)
+    simulated_tpu.configure(untie_on_move=True)  # torch_tpu #4161, inside Module._apply
 
     def moved():
+        if move == "pipeline":
+            return pipeline("text-generation", model=qwen3_dir, device="tpu").model
+        model = AutoModelForCausalLM.from_pretrained(qwen3_dir)
         if move == "to":
-            return AutoModelForCausalLM.from_pretrained(qwen3_dir).to("tpu")
-        return pipeline("text-generation", model=qwen3_dir, device="tpu").model
+            return model.to("tpu")
+        if move == "tpu":
+            return model.tpu()
+        return model.to("tpu").cpu()
 
     model = moved()
-    assert model.device.type == "tpu"
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.device.type == ("cpu" if move == "back_to_cpu" else "tpu")
+    assert _tied(model)
     assert len(list(model.parameters())) == len({id(p) for p in model.parameters()})
+    with torch.no_grad():  # one matrix: an update of the embeddings reaches the output layer
+        model.model.embed_tokens.weight[0].fill_(0.5)
+    assert model.lm_head.weight[0].cpu().tolist() == [0.5] * model.config.hidden_size
     with patches_disabled("transformers_tied_weights"):
         untied = moved()
-    assert untied.lm_head.weight is not untied.model.embed_tokens.weight  # the quirk is real
+    assert not _tied(untied)  # the quirk is real
+
+
+def test_tied_weights_stay_tied_when_the_tpu_appears_after_transformers() -> None:
+    # The patch decides "is there a TPU?" when a model moves, not when Transformers is imported:
+    # here the TPU is registered (Module.tpu() appears) after the patch was applied.
+    value, _ = run_python(
+        """
+import os, warnings
+warnings.simplefilter("ignore")
+import torch
+import transformers.modeling_utils
+import transformers_tpu_ext as ext
+from transformers_tpu_ext import backend, testing
+from transformers_tpu_ext.testing.tiny import tiny_model
+applied = "transformers_tied_weights" in ext.active_patches()
+had_tpu = backend.tpu_available() or hasattr(torch.nn.Module, "tpu")
+testing.install(untie_on_move=True)
+def tied(model):
+    return model.lm_head.weight is model.model.embed_tokens.weight
+moved = tiny_model("qwen3").tpu()
+result = [applied, had_tpu, moved.device.type, tied(moved)]
+os.environ["TRANSFORMERS_TPU_EXT_DISABLE"] = "transformers_tied_weights"
+ext.deactivate(); ext.activate()
+result.append(tied(tiny_model("qwen3").tpu()))
+report(result)
+"""
+    )
+    assert value == [True, False, "tpu", True, False]
 
 
 def test_deactivate_restores_every_patched_name() -> None:
@@ -245,17 +287,18 @@ def test_deactivate_restores_every_patched_name() -> None:
             integration.accelerate_max_memory,
             integration.get_max_memory,
             modeling_utils._get_device_map,
-            modeling_utils.PreTrainedModel.__dict__["to"],
+            modeling_utils.PreTrainedModel.__dict__.get("_apply"),
             offload.safe_open,
         ]
 
     patched = names()
-    assert all(hasattr(obj, "__wrapped__") for obj in patched[:5] + patched[6:])
+    assert all(hasattr(obj, "__wrapped__") for obj in patched)
     activation.deactivate()
     try:
         originals = names()
         assert not any(type(obj).__name__ == "FunctionWrapper" for obj in originals)
         assert originals[0] is originals[1] is originals[2]
+        assert originals[5] is None  # PreTrainedModel inherits Module._apply again
         assert originals[6] is safetensors.safe_open
     finally:
         activation.activate()

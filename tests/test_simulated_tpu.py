@@ -189,12 +189,19 @@ def test_module_to_tpu_moves_parameters_and_keeps_ties_by_default(sim):
     out = model.b(model.a(torch.ones(1, 3, device="tpu")))
     assert out.device.type == "tpu"
 
-    sim.configure(untie_on_move=True)  # torch_tpu #4161
-    for moved in (Tied().to("tpu"), Tied().tpu(), Tied().to(device="tpu", dtype=torch.float32)):
+    sim.configure(untie_on_move=True)  # torch_tpu #4161: Module._apply, behind every move
+    on_tpu = (Tied().to("tpu"), Tied().tpu(), Tied().to(device="tpu", dtype=torch.float32))
+    back = model.cpu()  # moved to the TPU tied (quirk off), now off it: untied too
+    for moved in on_tpu + (Tied().to_empty(device="tpu"), back):
         assert moved.a.weight is not moved.b.weight
-        assert torch.equal(moved.a.weight.cpu(), moved.b.weight.cpu())
+        assert moved.a.weight.device == moved.b.weight.device
         assert isinstance(moved.b.weight, torch.nn.Parameter)
-    stays = Tied().to(torch.float64)  # not a move to the TPU: ties kept
+    for moved in on_tpu:  # two copies of one matrix: an update of one no longer reaches the other
+        assert torch.equal(moved.a.weight.cpu(), moved.b.weight.cpu())
+        with torch.no_grad():
+            moved.a.weight.zero_()
+        assert moved.b.weight.abs().sum().item() > 0
+    stays = Tied().to(torch.float64)  # no move to or from the TPU: ties kept
     assert stays.a.weight is stays.b.weight
 
 

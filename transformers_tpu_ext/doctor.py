@@ -27,15 +27,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import __version__, backend, config, topology, versions
+from ._autoload import SIMULATE_ENV
+from .patches.hub_kernels import INSTALL as KERNELS_INSTALL
+from .patches.hub_kernels import KERNELS_TPU_MIN
 
 __all__ = ["DISTRIBUTIONS", "collect", "format_text", "known_problems", "main"]
 
 #: Distributions the report lists, in order.
 DISTRIBUTIONS = ("torch", "torch_tpu", "libtpu", "transformers", "accelerate", "wrapt", "jax", "kernels")
-#: Hub kernels wrap JAX/Pallas code on TPU from this release of ``kernels`` on.
-KERNELS_TPU_MIN = "0.17"
-KERNELS_INSTALL = 'pip install "transformers[kernels]" jax'
-SIMULATE_ENV = "TRANSFORMERS_TPU_EXT_SIMULATE"
 _OWN_DISTRIBUTION = "transformers-tpu-ext"
 
 

@@ -21,6 +21,7 @@ REGISTRY: tuple[str, ...] = (
     "transformers_device_map",
     "transformers_tied_weights",
     "hub_kernels",
+    "use_kernels",
     "generation",
     "tp_plan_rewrite",
     "tp_kv_cache",

@@ -1,19 +1,23 @@
-"""Hub kernels on TPU explain what they need.
+"""Hub kernels on TPU explain what they need: the ``transformers.integrations.hub_kernels`` entries.
 
 On TPU, ``kernels`` (>= 0.17) loads kernels that wrap JAX/Pallas code, so ``jax`` must be installed
 next to it. Without jax, Transformers 5.24 fails with a message about ``kernels`` alone (or, later,
 deep inside the kernel). This patch checks first, when a Hub kernel is requested on TPU, and raises
 ``ImportError`` naming the install command: ``pip install "transformers[kernels]" jax``.
 
-Requests it covers (Transformers 5.24):
+It wraps the two entries of ``transformers.integrations.hub_kernels`` through which a user asks for
+a Hub kernel (Transformers 5.24), and applies as soon as that module is imported, so the names
+bound from it are the checked ones:
 
-- ``from_pretrained(..., use_kernels=True)`` / ``kernel_config=...`` and ``model.use_kernels = True``:
-  all go through ``PreTrainedModel.set_use_kernels``; checked when the model is on a TPU.
-- ``attn_implementation="org/kernel-repo"`` (and its flash-attention fallback): goes through
-  ``integrations.hub_kernels.load_and_register_attn_kernel`` (looked up at call time); checked when
-  the host has a TPU, since the model has no device yet at that point.
-- ``transformers.kernelize(model)`` / ``integrations.hub_kernels.kernelize``: checked when the model
-  is on a TPU.
+- ``kernelize(model)``, also reached as ``from transformers import kernelize`` (Transformers' lazy
+  module resolves that name from ``integrations.hub_kernels``, with or without
+  ``transformers.modeling_utils`` imported): checked when the model is on a TPU.
+- ``load_and_register_attn_kernel``, behind ``attn_implementation="org/kernel-repo"`` (and its
+  flash-attention fallback; looked up at call time): checked when the host has a TPU, since the
+  model has no device yet at that point.
+
+``from_pretrained(..., use_kernels=True)`` / ``kernel_config=...`` / ``model.use_kernels = True``
+go through ``PreTrainedModel.set_use_kernels``, in another module: patch ``use_kernels``.
 
 Everywhere else (no TPU, jax installed, kernels not requested) the upstream call runs untouched.
 """
@@ -28,13 +32,16 @@ from .. import backend
 from ._wrap import Wraps
 
 NAME = "hub_kernels"
-TARGET = "transformers.modeling_utils"
+TARGET = "transformers.integrations.hub_kernels"
 DISTRIBUTION = "transformers"
 
+#: The ``kernels`` release from which Hub kernels on TPU wrap JAX/Pallas code.
+KERNELS_TPU_MIN = "0.17"
+#: What a user installs to run Hub kernels on TPU.
 INSTALL = 'pip install "transformers[kernels]" jax'
 MESSAGE = (
     "Hub kernels on TPU wrap JAX/Pallas code, so `jax` must be installed next to `kernels` "
-    f"(kernels >= 0.17), and jax is not installed. Install both with: {INSTALL} "
+    f"(kernels >= {KERNELS_TPU_MIN}), and jax is not installed. Install both with: {INSTALL} "
     "-- or load the model without use_kernels/kernel_config/a Hub attn_implementation."
 )
 
@@ -46,22 +53,16 @@ def jax_installed() -> bool:
     return "jax" in sys.modules or importlib.util.find_spec("jax") is not None
 
 
-def _require_jax(what: str) -> None:
+def require_jax(what: str) -> None:
+    """Raise the ``ImportError`` naming the install command when jax is missing."""
     if not jax_installed():
         raise ImportError(f"{what}: {MESSAGE}", name="jax")
-
-
-def _set_use_kernels(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    use_kernels = args[0] if args else kwargs.get("use_kernels")
-    if use_kernels and backend.is_tpu(getattr(instance, "device", None)):
-        _require_jax(f"use_kernels=True on {instance.device}")
-    return wrapped(*args, **kwargs)
 
 
 def _kernelize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     model = args[0] if args else kwargs.get("model")
     if backend.is_tpu(getattr(model, "device", None)):
-        _require_jax(f"kernelize() on {model.device}")
+        require_jax(f"kernelize() on {model.device}")
     return wrapped(*args, **kwargs)
 
 
@@ -72,16 +73,13 @@ def _load_and_register_attn_kernel(wrapped: Any, instance: Any, args: tuple, kwa
 
         name = requested.split("|")[1] if "|" in requested else requested
         if is_kernel(name):
-            _require_jax(f"attn_implementation={requested!r} on a TPU host")
+            require_jax(f"attn_implementation={requested!r} on a TPU host")
     return wrapped(*args, **kwargs)
 
 
 def apply(module: Any) -> None:
-    from transformers.integrations import hub_kernels
-
-    _wraps.wrap(module, "PreTrainedModel.set_use_kernels", _set_use_kernels)
-    _wraps.wrap(hub_kernels, "load_and_register_attn_kernel", _load_and_register_attn_kernel)
-    _wraps.wrap(hub_kernels, "kernelize", _kernelize)
+    _wraps.wrap(module, "load_and_register_attn_kernel", _load_and_register_attn_kernel)
+    _wraps.wrap(module, "kernelize", _kernelize)
 
 
 def revert() -> None:

@@ -1,18 +1,24 @@
-"""Transformers: tied parameters stay tied when a model moves to the TPU.
+"""Transformers: tied parameters stay tied when a model moves to or from the TPU.
 
-torch_tpu unties tied parameters on a move (torch_tpu issue #4161): after ``model.to("tpu")``
-(what ``pipeline(..., device="tpu")`` calls) or ``model.tpu()``, ``lm_head.weight`` and
-``embed_tokens.weight`` of a tied model are two parameters, so the model holds the matrix twice and
-an update of one no longer reaches the other. The wrappers on ``PreTrainedModel.to`` and
-``PreTrainedModel.tpu`` (the outermost calls of a move, so whatever the backend does inside is done
-by then) note which parameter names share one object before the move and, when the model has
-parameters on the TPU afterwards, rebind every name of a split group to one parameter (as
-Accelerate's ``retie_parameters`` does after dispatching). Off TPU they call the original and
-nothing else.
+torch_tpu unties tied parameters on a move (torch_tpu issue #4161). The cause is
+``torch.nn.Module._apply``, which ``.to()``, ``.tpu()``, ``.cpu()`` and ``to_empty()`` all call:
+for each module it converts the module's own parameters, and when the converted tensor is another
+TensorImpl type (``torch._has_compatible_shallow_copy_type`` False, as for a PrivateUse1 backend)
+it stores a new ``Parameter`` in that module. A parameter shared by two modules (``lm_head.weight``
+and ``embed_tokens.weight``) becomes two: the model holds the matrix twice and an update of one no
+longer reaches the other.
+
+The wrapper sits on ``PreTrainedModel._apply`` (inherited from ``Module``, so every move of a
+Transformers model goes through it, whatever method started it). The outermost call notes which
+parameter names share one object, lets ``_apply`` run, and when a parameter was or is now on a TPU
+rebinds every name of a split group to one parameter (as Accelerate's ``retie_parameters`` does
+after dispatching). Nested ``_apply`` calls (the model's own submodels) pass through. Without a
+TPU, it calls the original and nothing else.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from .. import backend
@@ -52,27 +58,41 @@ def retie(model: Any, groups: list[list[str]]) -> int:
     return rebound
 
 
-def _move(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    if not backend.tpu_available():
+class _Depth(threading.local):
+    """How many wrapped ``_apply`` calls this thread is inside (``_apply`` recurses into submodels)."""
+
+    value = 0
+
+
+_depth = _Depth()
+
+
+def _on_tpu(model: Any) -> bool:
+    return any(backend.is_tpu(param) for param in model.parameters())
+
+
+def _apply_and_retie(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    if _depth.value or not backend.tpu_available():  # a nested model, or no TPU: upstream only
         return wrapped(*args, **kwargs)
     groups = tied_groups(instance.named_parameters(remove_duplicate=False))
-    result = wrapped(*args, **kwargs)
-    if groups and any(backend.is_tpu(param) for param in instance.parameters()):
+    was_on_tpu = bool(groups) and _on_tpu(instance)
+    _depth.value += 1
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        _depth.value -= 1
+    if groups and (was_on_tpu or _on_tpu(instance)):
         retie(instance, groups)
     return result
 
 
-_wrapper = fail_safe(_move)
+_wrapper = fail_safe(_apply_and_retie)
 
 
 def apply(module: Any) -> None:
     if _wraps:
         return
-    _wraps.wrap(module, "PreTrainedModel.to", _wrapper)
-    # ``Module.tpu()`` exists once torch_tpu (or the simulator) registered the device, which happens
-    # at ``import torch`` through its entry point, before Transformers is imported.
-    if hasattr(module.PreTrainedModel, "tpu"):
-        _wraps.wrap(module, "PreTrainedModel.tpu", _wrapper)
+    _wraps.wrap(module, "PreTrainedModel._apply", _wrapper)
 
 
 def revert() -> None:

@@ -158,29 +158,28 @@ def _refuse_if_real_backend() -> None:
         )
 
 
-def _untie_after_move(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
+def _untie_in_apply(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """torch_tpu #4161, where it happens: ``Module._apply`` gives each owner of a moved parameter its own.
+
+    ``Module._apply`` (behind ``.to()``, ``.tpu()``, ``.cpu()``, ``to_empty()``) converts each module's
+    own parameters. For a backend whose tensors are another TensorImpl type
+    (``torch._has_compatible_shallow_copy_type`` False), it wraps the converted tensor in a new
+    ``Parameter`` per module, so a parameter two modules share becomes two. The simulated tensor
+    is a wrapper subclass, for which ``_apply`` swaps tensors in place and ties survive; with the
+    quirk on, each module whose own parameter crossed the tpu boundary gets a fresh copy of it.
+    """
     sim = _SIM
     if sim is None or not sim.untie_on_move or not isinstance(instance, torch.nn.Module):
-        return result
-    if wrapped.__name__ == "to":
-        try:
-            target = torch._C._nn._parse_to(*args, **kwargs)[0]
-        except Exception:  # noqa: BLE001
-            return result
-    else:
-        target = torch.device("tpu")
-    if target is None or torch.device(target).type != "tpu":
-        return result
-    seen: set[int] = set()
-    for module in instance.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None:
-                continue
-            if id(param) in seen:  # tied: torch_tpu #4161 gives every owner its own copy
-                module._parameters[name] = torch.nn.Parameter(param.detach().clone(), param.requires_grad)
-            else:
-                seen.add(id(param))
+        return wrapped(*args, **kwargs)
+    was_on_tpu = {key: p.device.type == "tpu" for key, p in instance._parameters.items() if p is not None}
+    result = wrapped(*args, **kwargs)  # converts the children first, each through this wrapper
+    for key, before in was_on_tpu.items():
+        param = instance._parameters.get(key)
+        if param is None or (param.device.type == "tpu") == before:
+            continue
+        fresh = torch.nn.Parameter(param.detach().clone(), param.requires_grad)
+        fresh.grad = param.grad
+        instance._parameters[key] = fresh
     return result
 
 
@@ -204,8 +203,7 @@ def _register_torch() -> None:
     device.register(torch.device("tpu", 0))
     process_group.register()
     compile_backend.register()
-    wrapt.wrap_function_wrapper(torch.nn.Module, "to", _untie_after_move)
-    wrapt.wrap_function_wrapper(torch.nn.Module, "tpu", _untie_after_move)
+    wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
 
 
 def install(
