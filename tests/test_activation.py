@@ -259,3 +259,24 @@ def test_a_target_still_executing_is_patched_once_its_code_has_run(registry, tmp
     assert activation.active_patches() == ["half"]
     assert module.greet("tpu") == "HELLO TPU"
     assert patch.calls["apply"] == 1
+
+
+def test_a_patch_module_that_fails_to_import_is_skipped_alone(registry, tmp_path, monkeypatch):
+    module = __import__(_fake_target(tmp_path, monkeypatch))
+    good = _fake_patch("good", module.__name__)
+    registry(good, _fake_patch("unimportable", module.__name__))
+    resolve = activation._patch_module
+
+    def patch_module(name):
+        if name == "unimportable":
+            raise ImportError("cannot import name 'gone' from 'transformers'")
+        return resolve(name)
+
+    monkeypatch.setattr(activation, "_patch_module", patch_module)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        activation.activate()
+    assert activation.active_patches() == ["good"]
+    assert "failed to import" in activation.skipped_patches()["unimportable"]
+    assert sum("'unimportable' skipped" in str(w.message) for w in caught) == 1
+    assert module.greet("a") == "HELLO A"

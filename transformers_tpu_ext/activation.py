@@ -55,7 +55,13 @@ def activate() -> None:
 
     # Import the patch modules before taking the lock: an import may have to wait for another
     # thread's import, whose post-import hook may be waiting for the lock.
-    targets = {name: _patch_module(name).TARGET for name in REGISTRY}
+    targets: dict[str, str] = {}
+    broken: dict[str, str] = {}
+    for name in REGISTRY:
+        try:
+            targets[name] = _patch_module(name).TARGET
+        except Exception as error:  # noqa: BLE001 - one broken patch module must not stop the others
+            broken[name] = f"failed to import ({type(error).__name__}: {error})"
     with _lock:
         if _active:
             return
@@ -67,12 +73,20 @@ def activate() -> None:
             if disabled is None or name in disabled:
                 _skipped[name] = f"disabled by {config.DISABLE_ENV}"
                 continue
+            if name in broken:
+                _skipped[name] = broken[name]
+                continue
             if name not in _hooked:
                 _hooked.add(name)
                 new_hooks.append(name)
             elif (module := sys.modules.get(targets[name])) is not None:
                 # Re-activation: the hook already fired (or is still pending for a later import).
                 already_imported.append((name, module))
+    for name, reason in broken.items():
+        if name in _skipped:
+            warnings.warn(
+                f"transformers-tpu-ext: patch {name!r} skipped: {reason}", TransformersTPUExtWarning, stacklevel=2
+            )
     # Outside the lock: applying a patch may import modules whose own hooks need the lock.
     for name in new_hooks:
         wrapt.register_post_import_hook(functools.partial(_on_import, name), targets[name])
