@@ -80,7 +80,7 @@ def _kernels_range() -> str | None:
 def _supported(distribution: str, extras: dict[str, str]) -> str | None:
     key = distribution.lower().replace("_", "-")
     spec = versions.SUPPORTED.get(key) or extras.get(key) or (_kernels_range() if key == "kernels" else None)
-    # Lower bound first: ">=2.11,<2.16" reads better than SpecifierSet's "<2.16,>=2.11".
+    # Lower bound first: ">=2.13,<2.14" reads better than SpecifierSet's "<2.14,>=2.13".
     return ",".join(sorted(spec.split(","), key=lambda part: not part.startswith(">"))) if spec else None
 
 
