@@ -98,7 +98,8 @@ def _print_text(result: dict[str, Any]) -> None:
     if result["chip"]:
         chip = result["chip"]
         print(f"chip:            {chip['name']} x{chip['chips']}, {chip['hbm_bytes'] / 2**30:.0f} GiB HBM each")
-    print(f"device map:      {result['device_map']}")
+    device_map = result["device_map"] or f"(one device: the whole model is on {result['model_device']})"
+    print(f"device map:      {device_map}")
     print(f"active patches:  {', '.join(result['active_patches']) or '(none)'}")
     print(f"prompt:          {result['prompt']!r}")
     print(f"new tokens:      {result['new_tokens']}")
