@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import _tp_models
+
 pytestmark = pytest.mark.slow
 
 NPROC = 4
@@ -57,30 +59,9 @@ dist.destroy_process_group()
 '''
 
 
-def _save_glm(path: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, Glm4Config
-
-    config = Glm4Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,  # 4 ranks: each KV head replicated on 2 ranks
-        head_dim=8,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        initializer_range=0.3,  # varied greedy tokens
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-
-
 def test_guide_tp_example_runs_on_tpu_dist_through_the_launcher(tmp_path: Path) -> None:
     model = tmp_path / "glm_kv2"
-    _save_glm(model)
+    _tp_models.save("glm_kv2", model)  # 2 KV heads on 4 ranks: each replicated on 2 ranks
     script = tmp_path / "generate.py"
     script.write_text(SCRIPT)
     out = tmp_path / "rank0.json"

@@ -18,43 +18,17 @@ from pathlib import Path
 
 import pytest
 
+import _tp_models
+
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 TOLERANCE = 1e-4
-_COMMON = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    initializer_range=0.3,  # varied greedy tokens, so that "identical tokens" means something
-)
 _QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _save_models(root: Path) -> dict[str, str]:
-    import torch
-    from transformers import AutoModelForCausalLM, Glm4Config, LlamaConfig, Qwen3Config
-
-    configs = {
-        # GLM-4-shaped: 2 KV heads, 8 query heads (the reproduction)
-        "glm_kv2": Glm4Config(num_attention_heads=8, num_key_value_heads=2, head_dim=8, **_COMMON),
-        "llama_kv3": LlamaConfig(num_attention_heads=6, num_key_value_heads=3, head_dim=8, **{**_COMMON, "hidden_size": 48}),
-        "qwen3_tied": Qwen3Config(
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, **_COMMON
-        ),
-        "llama_divisible": LlamaConfig(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **_COMMON),
-    }
-    paths = {}
-    for name, config in configs.items():
-        torch.manual_seed(0)
-        path = root / name
-        AutoModelForCausalLM.from_config(config).save_pretrained(path)
-        paths[name] = str(path)
-    return paths
+    return {name: _tp_models.save(name, root / name) for name in _tp_models.configs()}
 
 
 def _launch(root: Path, nproc: int, cases: list[dict]) -> dict[str, list[dict]]:
