@@ -246,7 +246,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     new_args = []
     for a in args:
         cls = a.__class__
-        if cls is TpuTensor:
+        if cls is TpuTensor:  # _unwrap's first branch, inlined: this loop runs for every op
             inner = a._cpu
             if back is not None:
                 back[id(inner)] = a
