@@ -2,6 +2,26 @@
 
 Nothing here touches the Hub: the tokenizer is a byte-level BPE trained in-process on a few
 sentences, the model is built from a config with random (seeded) weights.
+
+The models are **context-sensitive** by default: their weights are drawn with
+``initializer_range=0.3`` (0.02-0.03 for Gemma, which scales its embeddings by ``sqrt(hidden)``;
+Transformers' default, 0.02, gives most other tiny models a degenerate tiny model whose greedy
+output repeats the last prompt token whatever came before, so that "the same tokens as on CPU"
+proves nothing: attending to the wrong positions goes unnoticed). :func:`check_context_sensitive`
+asserts it: two prompts that end with the same tokens but differ before them must continue
+differently.
+
+Architectures (:data:`ARCHITECTURES`), one per decoder family Transformers ships in these shapes::
+
+    qwen3     GQA (2 KV heads for 4 query heads), tied input/output embeddings
+    llama     multi-head attention (as many KV heads as query heads), untied
+    falcon    multi-query attention (1 KV head), tied
+    mistral   sliding-window attention (window 8) on every layer, GQA
+    gemma2    sliding (window 8) and global layers alternating, logit soft-capping
+    gemma3    sliding (window 8) and global layers, text-only Gemma 3
+    gpt2      absolute (learned) position embeddings, no rotary
+    phi3      partial rotary (half of each head), GQA
+    gpt_neox  partial rotary (a quarter of each head), parallel residual
 """
 
 from __future__ import annotations
@@ -10,7 +30,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_TEXT", "save_tiny_model", "tiny_config", "tiny_model", "tiny_tokenizer"]
+__all__ = [
+    "ARCHITECTURES",
+    "DEFAULT_INITIALIZER_RANGE",
+    "TINY_TEXT",
+    "check_context_sensitive",
+    "save_tiny_model",
+    "tiny_config",
+    "tiny_model",
+    "tiny_tokenizer",
+]
 
 TINY_TEXT = [
     "The secret to baking a good cake is",
@@ -20,13 +49,64 @@ TINY_TEXT = [
     "A tiny model is enough to test a plugin end to end.",
 ]
 
-#: Architectures :func:`tiny_config` knows, with the traits the tests care about.
-_ARCHS = {
-    # Qwen3-0.6B-shaped: tied input/output embeddings, 2 KV heads for 4 query heads.
-    "qwen3": dict(tie_word_embeddings=True, num_attention_heads=4, num_key_value_heads=2, head_dim=8),
-    # Llama-shaped: untied, as many KV heads as query heads.
-    "llama": dict(tie_word_embeddings=False, num_attention_heads=4, num_key_value_heads=4, head_dim=8),
+#: Weight scale of the tiny models (Gemma's have their own): large enough that greedy output
+#: depends on the whole prompt.
+DEFAULT_INITIALIZER_RANGE = 0.3
+
+_WINDOW = 8  # sliding window of the sliding-window architectures: shorter than most test prompts
+
+# model_type and the config fields that give each architecture its trait (2 layers, width 32).
+_COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=512)
+_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3": ("qwen3", dict(_COMMON, tie_word_embeddings=True, num_attention_heads=4, num_key_value_heads=2, head_dim=8)),
+    "llama": ("llama", dict(_COMMON, tie_word_embeddings=False, num_attention_heads=4, num_key_value_heads=4, head_dim=8)),
+    "falcon": (
+        "falcon",
+        dict(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+            new_decoder_architecture=False, parallel_attn=True, tie_word_embeddings=True,
+            max_position_embeddings=512,
+        ),
+    ),
+    "mistral": (
+        "mistral",
+        dict(_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=_WINDOW),
+    ),
+    "gemma2": (
+        "gemma2",
+        dict(
+            _COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+            sliding_window=_WINDOW, layer_types=["sliding_attention", "full_attention"],
+            initializer_range=0.03,  # Gemma scales embeddings by sqrt(hidden): 0.3 saturates
+        ),
+    ),
+    "gemma3": (
+        "gemma3_text",
+        dict(
+            _COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+            sliding_window=_WINDOW, layer_types=["sliding_attention", "full_attention"],
+            initializer_range=0.02,  # Gemma scales embeddings by sqrt(hidden): 0.3 saturates
+        ),
+    ),
+    "gpt2": ("gpt2", dict(n_embd=32, n_inner=64, n_layer=2, n_head=4, n_positions=512, tie_word_embeddings=True)),
+    "phi3": (
+        "phi3",
+        dict(
+            _COMMON, num_attention_heads=4, num_key_value_heads=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        ),
+    ),
+    "gpt_neox": (
+        "gpt_neox",
+        dict(
+            _COMMON, num_attention_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+    ),
 }
+
+#: The architectures :func:`tiny_config` builds.
+ARCHITECTURES: tuple[str, ...] = tuple(_ARCHS)
 
 
 def tiny_tokenizer(vocab_size: int = 320) -> Any:
@@ -50,28 +130,33 @@ def tiny_tokenizer(vocab_size: int = 320) -> Any:
 
 
 def tiny_config(arch: str = "qwen3", vocab_size: int | None = None, **overrides: Any) -> Any:
-    """A 2-layer, 32-wide config of ``arch`` (``"qwen3"`` or ``"llama"``)."""
+    """A 2-layer, 32-wide config of ``arch`` (one of :data:`ARCHITECTURES`), context-sensitive.
+
+    Token ids: 0 is padding, 1 is end of sequence (and beginning), as in :func:`tiny_tokenizer`.
+    ``overrides`` win (e.g. ``initializer_range=0.02`` for the degenerate default init).
+    """
     from transformers import AutoConfig
 
     if arch not in _ARCHS:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(_ARCHS)}")
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {list(ARCHITECTURES)}")
+    model_type, traits = _ARCHS[arch]
     params: dict[str, Any] = dict(
         vocab_size=vocab_size or len(tiny_tokenizer()),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        max_position_embeddings=512,
+        initializer_range=DEFAULT_INITIALIZER_RANGE,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=1,
     )
-    params.update(_ARCHS[arch])
+    params.update(traits)
     params.update(overrides)
-    return AutoConfig.for_model(arch, **params)
+    return AutoConfig.for_model(model_type, **params)
 
 
 def tiny_model(arch: str = "qwen3", seed: int = 0, **overrides: Any) -> Any:
-    """A randomly initialised (seeded) causal LM of ``arch``, in float32, on CPU, in eval mode."""
+    """A randomly initialised (seeded) causal LM of ``arch``, in float32, on CPU, in eval mode.
+
+    Context-sensitive unless ``initializer_range`` is overridden (see :func:`check_context_sensitive`).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -81,6 +166,35 @@ def tiny_model(arch: str = "qwen3", seed: int = 0, **overrides: Any) -> Any:
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.eos_token_id = config.eos_token_id
     return model.eval()
+
+
+def check_context_sensitive(model: Any, *, prompt_length: int = 12, new_tokens: int = 6, seed: int = 0) -> None:
+    """Raise ``AssertionError`` unless greedy output depends on more than the prompt's last tokens.
+
+    Two prompts share their last half and differ before it; a model worth comparing tokens with
+    continues them differently, and does not just repeat the last prompt token. Runs on the
+    model's device, unpatched-equivalent (greedy, no sampling).
+    """
+    import torch
+
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    first = torch.randint(2, vocab, (1, prompt_length), generator=gen)
+    second = first.clone()
+    second[0, : prompt_length // 2] = torch.randint(2, vocab, (prompt_length // 2,), generator=gen)
+    device = getattr(model, "device", torch.device("cpu"))
+    outs = [
+        model.generate(p.to(device), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)[0, prompt_length:].cpu()
+        for p in (first, second)
+    ]
+    if torch.equal(outs[0], outs[1]):
+        raise AssertionError(
+            f"{type(model).__name__} is not context-sensitive: prompts that differ only in their first "
+            f"{prompt_length // 2} tokens continue identically ({outs[0].tolist()}); build it with a larger "
+            "initializer_range (e.g. 0.3)"
+        )
+    if all(int(t) == int(first[0, -1]) for t in outs[0]):
+        raise AssertionError(f"{type(model).__name__} only repeats the last prompt token; not a useful test model")
 
 
 def save_tiny_model(path: str | os.PathLike[str], arch: str = "qwen3", seed: int = 0, **overrides: Any) -> Path:
