@@ -78,3 +78,16 @@ def test_bad_sizes_are_refused_with_the_name():
         buckets.geometric_ladder(16, 256, 0, 16)
     with pytest.raises(ValueError, match="batch_size=0"):
         buckets.plan(0, 1, 1, prompt_ladder=(16,), chunk=None, batch_ladder=(1,), cache_ladder=(64,))
+
+
+def test_attention_overhead_counts_the_static_cache_the_decode_steps_attend_to():
+    from transformers_tpu_ext.buckets import attention_overhead
+
+    assert attention_overhead([]) == 1.0
+    assert attention_overhead([(1, 10, 1, 1, 64)]) == 1.0  # one token: no decode step
+    # 3 decode steps of a 10-token prompt need 11 + 12 + 13 = 36 positions; a 64-long cache gives 3 x 64
+    assert attention_overhead([(1, 10, 4, 1, 64)]) == 3 * 64 / 36
+    assert attention_overhead([(1, 10, 4, 1, None)]) == 1.0  # a dynamic cache attends to what it needs
+    assert attention_overhead([(3, 10, 4, 4, 64)]) == 4 * 3 * 64 / (3 * 36)  # dummy rows attend too
+    # After one 300-token prompt, a 10-token call still attends to the 512-long cache.
+    assert attention_overhead([(1, 10, 5, 1, 512)]) == 4 * 512 / (4 * 10 + 10)

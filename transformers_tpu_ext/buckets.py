@@ -21,7 +21,9 @@ The policy, and why it pads less *and* compiles less than the usual ones:
   cache it has made, so after the largest request (or ``warmup()``) every call reuses one cache
   length.
 
-``padding_overhead`` measures the price: tokens computed / tokens needed.
+``padding_overhead`` measures the price in tokens computed / tokens needed, and
+``attention_overhead`` its other half: the positions each decode step attends to (a static cache's
+whole length, masked) / the positions it needs (the sequence so far).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 __all__ = [
+    "attention_overhead",
     "batch_bucket",
     "cache_bucket",
     "geometric_ladder",
@@ -181,4 +184,22 @@ def padding_overhead(calls: Iterable[tuple[int, int, int, int, int]]) -> float:
         steps = max(new - 1, 0)
         needed += batch * (prompt + steps)
         computed += padded_batch * (padded_prompt + steps)
+    return computed / needed if needed else 1.0
+
+
+def attention_overhead(calls: Iterable[tuple[int, int, int, int, int | None]]) -> float:
+    """Positions attended / positions needed by the decode steps of ``(batch, prompt, new, padded_batch, attended)`` calls.
+
+    Decode step ``j`` (``1 <= j < new``) of a call needs the ``prompt + j`` positions of its sequence;
+    with a static cache it attends to the cache's ``attended`` positions (masked beyond the sequence),
+    for every row of the padded batch. ``attended=None`` means exactly what is needed (a dynamic
+    cache). Over a workload whose first call is long, every later call attends to that long cache:
+    this is the cost the prompt padding ratio does not show. 1.0 means none.
+    """
+    needed = computed = 0
+    for batch, prompt, new, padded_batch, attended in calls:
+        steps = max(new - 1, 0)
+        need = steps * prompt + steps * (steps + 1) // 2
+        needed += batch * need
+        computed += padded_batch * (need if attended is None else steps * attended)
     return computed / needed if needed else 1.0
