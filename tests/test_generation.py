@@ -1,8 +1,9 @@
 """generate() on the simulated TPU: plain code, fast, token-identical (patch ``generation``).
 
-One fresh interpreter runs every scenario (patches and the simulator are process-global) and
-reports what a user would see; a second one runs the same script with the patch disabled, to show
-those facts come from the patch.
+Fresh interpreters run the scenarios (patches and the simulator are process-global) and report what
+a user would see; one runs the same script with the patch disabled, to show those facts come from
+the patch. Every token comparison uses a context-sensitive tiny model (asserted in the script), so
+attending to the wrong positions changes the tokens (``test_generation_mutation.py`` proves it).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 from transformers import CompileConfig, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 from transformers_tpu_ext import testing
-from transformers_tpu_ext.testing.tiny import tiny_model
+from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model
 
 sim = testing.install(chips=4)
 model = tiny_model("qwen3", seed=0)
+check_context_sensitive(model)
 gen = torch.Generator().manual_seed(0)
 def prompt(batch, length):
     return torch.randint(2, model.config.vocab_size, (batch, length), generator=gen)
@@ -119,7 +121,7 @@ report(r)
 
 @pytest.fixture(scope="module")
 def with_patch():
-    return run_python(SCRIPT)[0]
+    return run_python(SCRIPT, timeout=600)[0]
 
 
 def test_tpu_inputs_no_cache_argument_compile_and_stay_compiled(with_patch):
@@ -171,7 +173,7 @@ def test_warmup_compiles_every_bucket_within_the_limits(with_patch):
 
 
 def test_without_the_patch_the_same_code_is_slow_or_broken():
-    r = run_python(SCRIPT, env={"TRANSFORMERS_TPU_EXT_DISABLE": "generation"})[0]
+    r = run_python(SCRIPT, env={"TRANSFORMERS_TPU_EXT_DISABLE": "generation"}, timeout=600)[0]
     assert r["tpu_inputs"]["graphs"] == 0  # nothing compiled: the dynamic cache grows every step
     assert r["compile_config"]["ok"] is False  # the tpu backend rejects mode="reduce-overhead"
     assert r["same_bucket"]["programs"][1] > 0  # every new prompt length costs new programs

@@ -26,6 +26,7 @@ ENV: dict[str, str] = {
     "static_cache": "TRANSFORMERS_TPU_EXT_STATIC_CACHE",
     "bucketing": "TRANSFORMERS_TPU_EXT_BUCKETS",
     "compile_prefill": "TRANSFORMERS_TPU_EXT_COMPILE_PREFILL",
+    "device_decode": "TRANSFORMERS_TPU_EXT_DEVICE_DECODE",
     "prompt_buckets": "TRANSFORMERS_TPU_EXT_PROMPT_BUCKETS",
     "steps_per_octave": "TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE",
     "prefill_chunk": "TRANSFORMERS_TPU_EXT_PREFILL_CHUNK",
@@ -51,6 +52,9 @@ class TPUGenerationConfig:
     - ``bucketing``: round prompt length, batch size and cache length up to the buckets below.
     - ``compile_prefill``: run the (bucketed) prefill through the compiled forward too: one graph
       per bucket instead of ~80 eager per-shape programs.
+    - ``device_decode``: greedy decoding and sampling choose tokens on the TPU, so only token ids
+      cross the host link every step (calls whose options need the logits on the host run
+      upstream's loop; see ``docs/generation.md``).
     - ``prompt_buckets``: explicit prompt lengths; ``None`` = a geometric ladder from 16 with
       ``steps_per_octave`` rungs per doubling, multiples of 16, up to ``prefill_chunk``.
     - ``prefill_chunk``: longer prompts are padded to a multiple of it and prefilled chunk by chunk
@@ -65,6 +69,7 @@ class TPUGenerationConfig:
     static_cache: bool = True
     bucketing: bool = True
     compile_prefill: bool = True
+    device_decode: bool = True
     prompt_buckets: tuple[int, ...] | None = None
     steps_per_octave: int = 1
     prefill_chunk: int | None = 64

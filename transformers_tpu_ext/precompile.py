@@ -28,9 +28,12 @@ def warmup(
     """Precompile the buckets of prompts up to ``max_prompt_length`` tokens, batches up to
     ``max_batch_size`` rows (or exactly the given ``batch_sizes``) and ``max_new_tokens``.
 
-    Returns the shapes compiled. Extra ``generate_kwargs`` (e.g. ``compile_config``) are passed to
-    every call; do the same in the service so the graphs match. Off TPU it does nothing and
-    returns ``[]``.
+    Returns the shapes compiled. Extra ``generate_kwargs`` (e.g. ``compile_config``, or the
+    service's sampling settings: ``do_sample=True, temperature=0.7, top_p=0.9``) are passed to
+    every call; do the same in the service so the graphs match. Sampling chooses tokens over the
+    real rows only (so the random stream is the unpadded call's): its small choice graph is per
+    real batch size, so a sampling service passes the exact ``batch_sizes`` it serves. Off TPU it
+    does nothing and returns ``[]``.
     """
     from .backend import is_tpu
 
@@ -58,14 +61,14 @@ def warmup(
             ids = torch.full((batch, prompt), token, dtype=torch.long)
             mask = torch.ones_like(ids)
             mask[:, 0] = 0
+            # Two tokens: the prefill and one decode step. No end-of-sequence id, so the decode
+            # step always runs (a minimum length would add a processor the service does not use).
             model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=2,
-                min_new_tokens=2,
-                do_sample=False,
                 max_cache_len=cache,
-                **{"cache_implementation": "static", **generate_kwargs},
+                **{"do_sample": False, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
             )
             compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
     return compiled

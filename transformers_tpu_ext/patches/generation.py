@@ -1,28 +1,32 @@
-"""Patch of ``transformers.generation.utils``: plain ``generate()`` is fast on TPU.
+"""Patch of ``transformers.generation.utils``: plain ``generate()`` is correct and fast on TPU.
 
-Thin wrappers around ``GenerationMixin`` methods; off TPU each one calls the original at once.
+Thin wrappers around ``GenerationMixin`` methods; off TPU (and outside a handled call) each one
+calls the original at once. What a call does is decided in ``transformers_tpu_ext.generation_policy``
+(pure), bucket shapes in ``buckets``/``generation_config``, the device loop in ``device_decode``, the
+user's views of a padded call in ``generation_views``. Here is only the glue:
 
-- ``generate`` (decoder-only models; encoder-decoder models are left to upstream, whose encoder
-  needs its inputs on the model's device): keeps the tensors that grow every step (sequences,
-  attention mask, positions; with ``inputs_embeds``, the embeddings and the token tensor upstream
-  would create) on the CPU and returns the result on the input's device; picks the static cache
-  when the caller asked for none; rounds batch size and prompt length up to buckets (left
-  padding + attention mask; dummy rows copy a real row and are marked finished at once), and runs
-  the bucketed prefill through the compiled forward (upstream's chunked prefill, one chunk up to
-  ``prefill_chunk``). The padding is removed from the result (and from what a streamer sees).
-  The user's own errors (settings, arguments, generation options) are raised before the
-  fail-safe planning, as upstream raises them.
-- ``_prepare_generated_length``: ``max_length``/``min_length`` keep their meaning for the
-  unpadded prompt.
-- ``_prepare_cache_for_generation``: the static cache length is rounded up to a bucket.
-- ``prepare_inputs_for_generation``: the chunked prefill's position-id slices are made contiguous,
-  so every prompt length reuses the chunk's graph (graphs guard on strides).
+- ``generate``: greedy, sampling and beam search on decoder-only models are handled: the tensors
+  that grow every step stay on the CPU and the result comes back on the input's device; the static
+  cache is picked when the caller asked for none; batch size, prompt length and cache length are
+  rounded up to buckets (left padding, dummy rows at the end) and the prefill is compiled chunk by
+  chunk. Every other call (encoder-decoder models, assisted decoding, custom or Hub decoding
+  methods, non-text inputs) is upstream's, untouched but for the ``CompileConfig`` adaptation.
+- ``_prepare_generated_length``, ``_validate_generated_length``, ``_get_logits_processor``: lengths
+  keep the caller's meaning (the padding is not counted), in the generation config and in errors.
+- ``_sample``, ``_beam_search``: logits processors, stopping criteria, ``prefix_allowed_tokens_fn``
+  and streamers see only the caller's rows and columns; greedy decoding and sampling run the device
+  loop when nothing needs the logits on the host.
+- ``_prepare_cache_for_generation`` / ``_prepare_static_cache`` / ``_get_static_cache_init_shape``:
+  the static cache length is rounded up to a bucket; sliding-window layers become full-length
+  layers (masked to the window), so a decode step has one graph however far it is; the cache is not
+  initialised early with head counts guessed from the config when the plugin chose the chunking.
+- ``prepare_inputs_for_generation``: the chunked prefill's position-id slices are made dense, so
+  every prompt length reuses the chunk's graph (graphs guard on strides).
+- ``create_masks_for_generate`` (the name bound in this module): in a device-loop step, the 2D mask
+  goes to the model, which builds its 4D masks inside the compiled forward.
 - ``_valid_auto_compile_criteria``: a ``CompileConfig`` the ``tpu`` backend rejects
   (``mode="reduce-overhead"``, ``backend="inductor"``...) is adapted, with one warning; TorchDynamo's
   recompile limit is raised so each bucket gets its graph.
-
-The bucket policy and the settings are plain logic in ``transformers_tpu_ext.buckets`` and
-``transformers_tpu_ext.generation_config``.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ import logging
 import sys
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import generation_config as settings_module
+from .. import generation_policy as policy
 from ..backend import is_tpu
+from ..generation_views import CriteriaView, Padding, ProcessorsView, StreamerView
 from ._wrap import Wraps, fail_safe
 
 NAME = "generation"
@@ -55,17 +61,27 @@ _PORTABLE_BACKENDS = {"tpu", "eager", "aot_eager", "aot_eager_decomp_partition"}
 #: Tensors upstream grows every step (kept on CPU); everything else is left where it is.
 _GROWING = ("input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids")
 
+#: Test-only switch (``tests/test_generation_mutation.py``): unmask the left-padding columns the
+#: plugin adds, to prove the token comparisons can catch attention to padding. Never set it elsewhere.
+_BREAK_PADDING_MASK = False
+
 
 @dataclass
 class _Call:
     """What the ``generate`` wrapper decided for the call in flight (read by the inner wrappers)."""
 
     settings: settings_module.TPUGenerationConfig
-    pad: int = 0  # left-padding columns added to the prompt
-    bucket_cache: bool = False
+    plan: policy.CallPlan
+    padding: Padding = field(default_factory=Padding)
+    forced_chunk: bool = False  # the plugin chose prefill_chunk_size
+    user_cache_kind: str | None = None  # what the caller will see in output.cache: "static", "dynamic"
+    previous_cache_length: int = -1  # model._previous_max_cache_length before the call
+    upstream_cache_length: int = 0  # the static-cache length upstream would have chosen
 
 
 _call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("transformers_tpu_ext_generate", default=None)
+#: The state of a call left to upstream (every inner wrapper passes through).
+_UPSTREAM = _Call(settings=settings_module.TPUGenerationConfig(), plan=policy.CallPlan(True, "upstream"))
 
 #: Signatures of the wrapped originals (``self`` dropped), taken at ``apply``.
 _signatures: dict[str, inspect.Signature] = {}
@@ -78,9 +94,15 @@ _saved_recompile_limit: int | None = None
 _WRAPPERS = {
     "generate": lambda: _generate,
     "_prepare_generated_length": lambda: _prepare_generated_length,
+    "_validate_generated_length": lambda: _validate_generated_length,
+    "_get_logits_processor": lambda: _get_logits_processor,
     "_prepare_cache_for_generation": lambda: _prepare_cache_for_generation,
+    "_prepare_static_cache": lambda: _prepare_static_cache,
+    "_get_static_cache_init_shape": lambda: _get_static_cache_init_shape,
     "_valid_auto_compile_criteria": lambda: _valid_auto_compile_criteria,
     "prepare_inputs_for_generation": lambda: _prepare_inputs_for_generation,
+    "_sample": lambda: _sample,
+    "_beam_search": lambda: _beam_search,
 }
 
 
@@ -91,6 +113,8 @@ def apply(module: Any) -> None:
             signature = inspect.signature(inspect.unwrap(getattr(mixin, name)))
             _signatures[name] = signature.replace(parameters=list(signature.parameters.values())[1:])
         _wraps.wrap(mixin, name, wrapper())
+    original = module.create_masks_for_generate
+    _wraps.replace(module, "create_masks_for_generate", _masks_for_generate(original))
 
 
 def revert() -> None:
@@ -124,14 +148,19 @@ def _generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     )
     planned = _plan_safely(instance, call, generation_config, settings)
     if planned is None:
-        return wrapped(*args, **kwargs)
-    call, state, restore = planned
+        # Upstream's call, whole: nested generate() calls (an assistant model's) are left alone too.
+        token = _call.set(_UPSTREAM)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            _call.reset(token)
+    call, state, out_device = planned
     token = _call.set(state)
     try:
         result = wrapped(**call)
+        return _restore(result, state, out_device, instance)
     finally:
         _call.reset(token)
-    return _restore(result, *restore)
 
 
 def _bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -153,21 +182,72 @@ def _plan_safely(model: Any, call: dict, generation_config: Any, settings: Any) 
     try:
         return _plan(model, call, generation_config, settings)
     except Exception as error:
-        key = f"{type(error).__name__}: {error}"
-        with _warned_lock:
-            first = key not in _plan_failures
-            _plan_failures.add(key)
-        if first:
-            logger.warning(
-                "transformers-tpu-ext: generate() planning failed (%s); falling back to the unpatched call", key
-            )
+        _report_failure("generate() planning", error)
         return None
 
 
-def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[dict, _Call, tuple]:
-    """How to run a decoder-only ``generate()`` on TPU: the arguments to pass upstream, the state the
-    inner wrappers read, and what ``_restore`` needs (padding, batch rows, output device)."""
+def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> policy.CallFacts:
     import torch
+
+    main_name = "inputs" if call.get("inputs") is not None else "input_ids"
+    main = call.get(main_name)
+    embeds = call.get("inputs_embeds")
+    if isinstance(main, torch.Tensor):
+        inputs = "input_ids" if not main.is_floating_point() else "other"
+        bucketable = main.dim() == 2 and main.shape[1] > 0 and not main.is_floating_point()
+    elif isinstance(embeds, torch.Tensor):
+        inputs, bucketable = "inputs_embeds", False
+    else:
+        inputs, bucketable = "input_ids", False
+    mode = "custom" if call.get("custom_generate") is not None else generation_config.get_generation_mode(
+        call.get("assistant_model")
+    ).value
+    returns = bool(generation_config.return_dict_in_generate)
+    options = {name: getattr(generation_config, name, None) for name in policy.HOST_OPTIONS}
+    device_possible = (
+        settings.device_decode
+        and not policy.processors_needed(options)
+        and not call.get("logits_processor")
+        and call.get("prefix_allowed_tokens_fn") is None
+        and not (returns and (generation_config.output_scores or generation_config.output_logits))
+        and not _custom_masks(model)
+    )
+    return policy.CallFacts(
+        mode=mode,
+        encoder_decoder=bool(model.config.is_encoder_decoder),
+        inputs=inputs,
+        ids_bucketable=bucketable,
+        other_batched_inputs=_has_other_batched_inputs(call, main_name),
+        accepts_attention_mask="attention_mask" in inspect.signature(model.forward).parameters,
+        user_cache=call.get("cache") is not None or call.get("past_key_values") is not None,
+        cache_implementation=generation_config.cache_implementation,
+        use_cache=generation_config.use_cache is not False,
+        disable_compile=bool(generation_config.disable_compile),
+        supports_default_cache=model._supports_default_dynamic_cache(),
+        returns_cache=returns,
+        outputs_attentions_or_states=returns
+        and bool(generation_config.output_attentions or generation_config.output_hidden_states),
+        guidance=generation_config.guidance_scale not in (None, 1, 1.0),
+        do_sample=bool(generation_config.do_sample),
+        device_decode_possible=device_possible,
+    )
+
+
+def _custom_masks(model: Any) -> bool:
+    """Whether the model builds its own generation masks (multimodal models): no device loop then."""
+    return getattr(type(model), "create_masks_for_generate", None) is not None
+
+
+def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[dict, _Call, Any] | None:
+    """How to run a ``generate()`` on TPU: the arguments to pass upstream, the state the inner
+    wrappers read, and the device the result goes back to; ``None`` to leave the call to upstream."""
+    import torch
+
+    facts = _facts(model, call, generation_config, settings)
+    plan = policy.plan_call(facts, static_cache=settings.static_cache, bucketing=settings.bucketing)
+    if plan.upstream:
+        logger.debug("transformers-tpu-ext: generate() left to upstream: %s", plan.reason)
+        return None
 
     call = dict(call)
     main_name = "inputs" if call.get("inputs") is not None else "input_ids"
@@ -189,14 +269,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             call[name] = value.to(cpu)
 
-    state = _Call(settings=settings)
-    greedy_or_sample = (
-        call.get("custom_generate") is None
-        and call.get("assistant_model") is None
-        and generation_config.get_generation_mode(None).value in ("greedy_search", "sample")
-    )
-    user_cache = call.get("cache") is not None or call.get("past_key_values") is not None
-
+    state = _Call(settings=settings, plan=plan)
     user_config = call.get("generation_config")
 
     def set_option(name: str, value: Any) -> None:
@@ -209,39 +282,15 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             call[name] = value
 
     # 2. Static cache by default, so decode compiles with the tpu backend.
-    static = generation_config.cache_implementation == "static"
-    if (
-        settings.static_cache
-        and generation_config.cache_implementation is None
-        and not user_cache
-        and generation_config.use_cache is not False
-        and not generation_config.disable_compile
-        and greedy_or_sample
-        and model._supports_default_dynamic_cache()
-    ):
+    if plan.static_cache:
         set_option("cache_implementation", "static")
-        static = True
+    if facts.returns_cache:
+        state.user_cache_kind = "static" if generation_config.cache_implementation == "static" else "dynamic"
+        state.previous_cache_length = getattr(model, "_previous_max_cache_length", -1)
 
     # 3. Buckets: batch size, prompt length (left padding), cache length.
-    pad = dummy_rows = real_rows = padded_rows = 0
-    ids = call.get(main_name)
-    if (
-        settings.bucketing
-        and static
-        and greedy_or_sample
-        and not user_cache
-        and isinstance(ids, torch.Tensor)
-        and ids.dim() == 2
-        and ids.shape[1] > 0
-        and not ids.is_floating_point()
-        and call.get("inputs_embeds") is None
-        and not _has_other_batched_inputs(call, main_name)
-        and "attention_mask" in inspect.signature(model.forward).parameters
-        and not (
-            generation_config.return_dict_in_generate
-            and (generation_config.output_attentions or generation_config.output_hidden_states)
-        )
-    ):
+    if plan.bucket:
+        ids = call[main_name]
         real_rows, length = ids.shape
         mask = call.get("attention_mask")
         if mask is None:
@@ -251,31 +300,30 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         # even after warmup(): keep one padding column so every call takes the masked graph. (So a
         # prompt exactly a rung long moves to the next rung; measured: without the column, 16-,
         # 32- and 64-token prompts compile one more graph each after warmup.)
-        plan = settings.plan(real_rows, length, 1, min_padding=int(bool(mask.all())))
-        pad, padded_rows = plan.prompt - length, plan.batch
-        dummy_rows = padded_rows - real_rows
+        shapes = settings.plan(real_rows, length, 1, min_padding=int(bool(mask.all())))
+        pad = shapes.prompt - length
+        padded_rows = shapes.batch if plan.pad_batch else real_rows
         if pad:
-            pad_id = _pad_token_id(generation_config)
+            pad_id = _pad_token_id(generation_config, model)
             ids = torch.cat([ids.new_full((real_rows, pad), pad_id), ids], dim=1)
-            mask = torch.cat([mask.new_zeros((real_rows, pad)), mask], dim=1)
-        if dummy_rows:
-            ids = torch.cat([ids, ids[:1].expand(dummy_rows, -1)], dim=0)
-            mask = torch.cat([mask, mask[:1].expand(dummy_rows, -1)], dim=0)
-            call["stopping_criteria"] = _with_row_mask(call.get("stopping_criteria"), real_rows, plan.batch)
+            padding_columns = mask.new_ones if _BREAK_PADDING_MASK else mask.new_zeros
+            mask = torch.cat([padding_columns((real_rows, pad)), mask], dim=1)
+        if padded_rows != real_rows:
+            ids = torch.cat([ids, ids[:1].expand(padded_rows - real_rows, -1)], dim=0)
+            mask = torch.cat([mask, mask[:1].expand(padded_rows - real_rows, -1)], dim=0)
         call[main_name] = ids
         call["attention_mask"] = mask
-        if call.get("streamer") is not None and (pad or dummy_rows):
-            call["streamer"] = _StreamerView(call["streamer"], pad, real_rows, plan.batch)
+        state.padding = Padding(pad=pad, real_batch=real_rows, padded_batch=padded_rows)
+        if call.get("streamer") is not None and state.padding:
+            call["streamer"] = StreamerView(call["streamer"], state.padding)
         if (
             settings.compile_prefill
             and generation_config.prefill_chunk_size is None
             and not generation_config.disable_compile
         ):
-            set_option("prefill_chunk_size", plan.chunk)
-        state.pad = pad
-        state.bucket_cache = True
-
-    return call, state, (pad, (real_rows, padded_rows) if dummy_rows else None, out_device)
+            set_option("prefill_chunk_size", shapes.chunk)
+            state.forced_chunk = True
+    return call, state, out_device
 
 
 _GENERATE_PARAMETERS = {
@@ -300,15 +348,17 @@ def _has_other_batched_inputs(call: dict, main_name: str) -> bool:
     """Tensors we would have to pad along with the prompt (pixel values, positions...): no buckets."""
     import torch
 
-    allowed = {main_name, "input_ids", "attention_mask"}
+    allowed = {main_name, "input_ids", "attention_mask", "inputs_embeds"}
     return any(isinstance(value, torch.Tensor) and name not in allowed for name, value in call.items())
 
 
-def _pad_token_id(generation_config: Any) -> int:
-    for candidate in (generation_config.pad_token_id, generation_config.eos_token_id, 0):
+def _pad_token_id(generation_config: Any, model: Any) -> int:
+    """A token id for the padding columns: masked out, but it must be a valid embedding index."""
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None)
+    for candidate in (generation_config.pad_token_id, generation_config.eos_token_id, generation_config.bos_token_id):
         if isinstance(candidate, (list, tuple)):
             candidate = candidate[0] if candidate else None
-        if candidate is not None:
+        if candidate is not None and int(candidate) >= 0 and (vocab is None or int(candidate) < vocab):
             return int(candidate)
     return 0
 
@@ -327,79 +377,19 @@ def _infer_attention_mask(model: Any, ids: Any, generation_config: Any) -> Any:
     return model._prepare_attention_mask_for_generation(ids, probe, {}).to(torch.long)
 
 
-def _with_row_mask(stopping_criteria: Any, real_rows: int, padded_rows: int) -> Any:
-    from transformers.generation.stopping_criteria import StoppingCriteriaList
-
-    criteria = StoppingCriteriaList(list(stopping_criteria or []))
-    criteria.append(_padding_rows_done_class()(real_rows, padded_rows))
-    return criteria
-
-
-@functools.cache
-def _padding_rows_done_class() -> type:
-    # Defined on first use: this module imports nothing from transformers at import time.
-    from transformers.generation.stopping_criteria import StoppingCriteria
-
-    class PaddingRowsDone(StoppingCriteria):
-        """Reports the dummy (batch-padding) rows finished from the first step.
-
-        So they never keep the loop running longer than the real rows would
-        (``num_return_sequences`` rows stay grouped: the dummy ones are last).
-        """
-
-        def __init__(self, real_rows: int, padded_rows: int) -> None:
-            self.real_rows = real_rows
-            self.padded_rows = padded_rows
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            import torch
-
-            rows = input_ids.shape[0]
-            done = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-            done[rows * self.real_rows // self.padded_rows :] = True
-            return done
-
-    return PaddingRowsDone
-
-
-class _StreamerView:
-    """What the caller's streamer sees: the real rows, without the prompt's left padding."""
-
-    def __init__(self, streamer: Any, pad: int, real_rows: int, padded_rows: int) -> None:
-        self._streamer = streamer
-        self._pad = pad
-        self._real_rows = real_rows
-        self._padded_rows = padded_rows
-        self._prompt_sent = False
-
-    def put(self, value: Any) -> None:
-        rows = value.shape[0] * self._real_rows // self._padded_rows if value.dim() else None
-        if not self._prompt_sent and value.dim() == 2:
-            value = value[:rows, self._pad :]
-        elif rows is not None:
-            value = value[:rows]
-        self._prompt_sent = True
-        self._streamer.put(value)
-
-    def end(self) -> None:
-        self._streamer.end()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._streamer, name)
-
-
-def _restore(result: Any, pad: int, rows: tuple[int, int] | None, device: Any) -> Any:
-    """Drop the padding we added and move the result back to the input's device."""
+def _restore(result: Any, state: _Call, device: Any, model: Any) -> Any:
+    """Drop the padding we added, give back the cache the caller expects, move to the input's device."""
     import torch
+
+    padding = state.padding
 
     def fix(tensor: Any, sequence: bool) -> Any:
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        if rows is not None and tensor.dim() >= 1:
-            real_rows, padded_rows = rows
-            tensor = tensor[: tensor.shape[0] * real_rows // padded_rows]
-        if sequence and pad and tensor.dim() == 2:
-            tensor = tensor[:, pad:]
+        if padding.dummy and tensor.dim() >= 1:
+            tensor = padding.rows(tensor)
+        if sequence and padding.pad and tensor.dim() == 2:
+            tensor = tensor[:, padding.pad :]
         if device is not None and tensor.device != device:
             tensor = tensor.to(device)
         return tensor
@@ -408,53 +398,113 @@ def _restore(result: Any, pad: int, rows: tuple[int, int] | None, device: Any) -
         return fix(result, sequence=True)
     sequences = getattr(result, "sequences", None)
     if isinstance(sequences, torch.Tensor):
+        if state.user_cache_kind is not None and getattr(result, "cache", None) is not None and (
+            state.plan.bucket or state.plan.static_cache or _layers_replaced(result.cache)
+        ):
+            result.cache = _user_cache(model, result.cache, state, sequences.shape[1] - 1)
         result.sequences = fix(sequences, sequence=True)
         for name in ("scores", "logits"):
             value = getattr(result, name, None)
             if isinstance(value, tuple):
                 setattr(result, name, tuple(fix(item, sequence=False) for item in value))
+        for name in ("sequences_scores", "beam_indices"):
+            value = getattr(result, name, None)
+            if isinstance(value, torch.Tensor):
+                setattr(result, name, fix(value, sequence=False))
     return result
 
 
+def _user_cache(model: Any, cache: Any, state: _Call, written: int) -> Any:
+    """The cache upstream would have returned: its type and length, the caller's rows, no padding.
+
+    ``written`` is how many positions (padding included) the loop wrote. Sliding-window layers are
+    rebuilt by the new cache's own ``update``, which keeps what upstream's would keep.
+    """
+    from transformers.cache_utils import DynamicCache, StaticCache
+
+    padding = state.padding
+    text_config = model.config.get_text_config(decoder=True)
+    if state.user_cache_kind == "static":
+        fresh = StaticCache(config=text_config, max_cache_len=state.upstream_cache_length)
+    else:
+        fresh = DynamicCache(config=text_config)
+    for index, layer in enumerate(cache.layers):
+        keys, values = layer.keys, layer.values
+        rows = padding.real_rows(keys.shape[0])
+        fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
+    return fresh
+
+
 # -------------------------------------------------------------------------------------------------
-# The inner wrappers: active only inside a bucketed TPU generate() call.
+# The inner wrappers: active only inside a handled TPU generate() call.
 
 
-def _in_bucketed_call(body: Any) -> Any:
-    """Run ``body`` (fail-safe) inside a bucketed TPU ``generate()``; elsewhere call the original at once."""
+def _in_handled_call(body: Any) -> Any:
+    """Run ``body`` (fail-safe) inside a handled TPU ``generate()``; elsewhere call the original at once."""
     guarded = fail_safe(body)
 
     @functools.wraps(body)
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = _call.get()
-        if state is None or not state.bucket_cache:
+        if state is None or state.plan.upstream:
             return wrapped(*args, **kwargs)
         return guarded(wrapped, instance, args, kwargs)
 
     return wrapper
 
 
-@_in_bucketed_call
+def _in_padded_call(body: Any) -> Any:
+    """Like :func:`_in_handled_call`, only in calls where the plugin padded something."""
+    guarded = fail_safe(body)
+
+    @functools.wraps(body)
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = _call.get()
+        if state is None or not state.padding:
+            return wrapped(*args, **kwargs)
+        return guarded(wrapped, instance, args, kwargs)
+
+    return wrapper
+
+
+@_in_padded_call
 def _prepare_generated_length(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    state = _call.get()
-    if not state.pad:
-        return wrapped(*args, **kwargs)
     arguments = _bind("_prepare_generated_length", args, kwargs)
-    arguments["input_ids_length"] -= state.pad
-    generation_config = wrapped(**arguments)
-    generation_config.max_length += state.pad
-    if generation_config.min_length:
-        generation_config.min_length += state.pad
-    return generation_config
+    arguments["input_ids_length"] -= _call.get().padding.pad
+    return wrapped(**arguments)
 
 
-@_in_bucketed_call
+@_in_padded_call
+def _validate_generated_length(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    arguments = _bind("_validate_generated_length", args, kwargs)
+    arguments["input_ids_length"] -= _call.get().padding.pad
+    return wrapped(**arguments)
+
+
+@_in_padded_call
+def _get_logits_processor(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Upstream sizes some processors from the prompt (its length, its padding per row): give them the
+    # caller's prompt, the one the processors will see through ProcessorsView.
+    padding = _call.get().padding
+    arguments = _bind("_get_logits_processor", args, kwargs)
+    if arguments.get("input_ids_seq_length"):
+        arguments["input_ids_seq_length"] -= padding.pad
+    model_kwargs = arguments.get("model_kwargs")
+    if model_kwargs and model_kwargs.get("attention_mask") is not None:
+        arguments["model_kwargs"] = {**model_kwargs, "attention_mask": padding.ids(model_kwargs["attention_mask"])}
+    return wrapped(**arguments)
+
+
+@_in_handled_call
 def _prepare_cache_for_generation(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = _call.get()
     arguments = _bind("_prepare_cache_for_generation", args, kwargs)
     generation_config = arguments["generation_config"]
-    if generation_config.cache_implementation == "static":
-        needed = max(arguments["max_cache_length"], generation_config.max_cache_len or 0, 1)
+    state.upstream_cache_length = max(
+        arguments["max_cache_length"], generation_config.max_cache_len or 0, state.previous_cache_length
+    )
+    if state.plan.bucket and generation_config.cache_implementation == "static":
+        needed = max(arguments["max_cache_length"] + state.padding.pad, generation_config.max_cache_len or 0, 1)
         generation_config.max_cache_len = _cache_length(state.settings, needed)
     return wrapped(**arguments)
 
@@ -465,7 +515,49 @@ def _cache_length(settings: Any, needed: int) -> int:
     return cache_bucket(needed, settings.cache_ladder(), settings.max_cache_len)
 
 
-@_in_bucketed_call
+@_in_handled_call
+def _prepare_static_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    cache = wrapped(*args, **kwargs)
+    # A sliding-window layer keeps its length as a Python int and branches on it: a compiled decode
+    # step is guarded on that int, so it compiles anew every step until the window is full, then on
+    # every kv offset. A full-length layer masked to the window computes the same attention with a
+    # length held in a tensor: one graph. (It holds the whole sequence: max_cache_len positions.)
+    _full_length_layers(cache, getattr(instance, "_previous_max_cache_length", None))
+    return cache
+
+
+def _full_length_layers(cache: Any, length: int | None) -> None:
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    if not isinstance(length, int) or length < 1:
+        return
+    layers = getattr(cache, "layers", None) or []
+    for index, layer in enumerate(layers):
+        if type(layer) is not StaticSlidingWindowLayer:
+            continue
+        full = StaticLayer(max_cache_len=length)
+        full._tpu_ext_replaced = True
+        if layer.is_initialized:  # initialised early (a chunked prefill): alike, full length
+            full.lazy_initialization(layer.keys[:, :, :1], layer.values[:, :, :1])
+        layers[index] = full
+
+
+def _layers_replaced(cache: Any) -> bool:
+    return any(getattr(layer, "_tpu_ext_replaced", False) for layer in getattr(cache, "layers", ()))
+
+
+@_in_handled_call
+def _get_static_cache_init_shape(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Upstream initialises a static cache early (for a compiled prefill) with head counts read from
+    # the config, which some models do not state the usual way (Falcon's multi-query attention:
+    # 1 key-value head, the config says num_attention_heads). When the plugin chose the chunking, the
+    # cache initialises from the first real key/value states instead.
+    if _call.get().forced_chunk:
+        return None
+    return wrapped(*args, **kwargs)
+
+
+@_in_handled_call
 def _prepare_inputs_for_generation(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # The chunked prefill hands each chunk a slice of the full position ids: its stride is the
     # padded prompt length, and a compiled graph guards on strides. Dense copies let every prompt
@@ -490,6 +582,122 @@ def _contiguous_format() -> Any:
     import torch
 
     return torch.contiguous_format
+
+
+def _masks_for_generate(original: Any) -> Any:
+    """``create_masks_for_generate`` as upstream's ``prepare_inputs_for_generation`` calls it."""
+
+    @functools.wraps(original)
+    def create_masks_for_generate(*args: Any, **kwargs: Any) -> Any:
+        from ..device_decode import device_masks_active
+
+        if device_masks_active():
+            return kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        return original(*args, **kwargs)
+
+    return create_masks_for_generate
+
+
+# -------------------------------------------------------------------------------------------------
+# Decoding methods
+
+
+def _sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    state = _call.get()
+    if state is None or state.plan.upstream:
+        return wrapped(*args, **kwargs)
+    try:
+        arguments, path = _sample_plan(instance, state, args, kwargs)
+    except Exception as error:  # a bug of ours: upstream's loop, as the caller gave it
+        _report_failure("_sample", error)
+        return wrapped(*args, **kwargs)
+    logger.debug("transformers-tpu-ext: decoding loop on the %s (%s)", "device" if path.device else "host", path.reason)
+    if not path.device:
+        return wrapped(**arguments)
+    # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
+    # afresh; an error here (the model's, or ours) is the call's error.
+    from ..device_decode import sample_on_device
+
+    model_kwargs = {k: v for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS}
+    generation_config = arguments["generation_config"]
+    return sample_on_device(
+        instance,
+        arguments["input_ids"],
+        logits_processor=arguments["logits_processor"],
+        stopping_criteria=arguments["stopping_criteria"],
+        generation_config=generation_config,
+        streamer=arguments.get("streamer"),
+        padding=state.padding,
+        compile_backend=_choice_backend(instance, model_kwargs, generation_config),
+        model_kwargs=model_kwargs,
+    )
+
+
+def _sample_plan(model: Any, state: _Call, args: tuple, kwargs: dict) -> tuple[dict, policy.DecodePath]:
+    """The arguments of upstream's ``_sample`` with the caller's views, and which loop runs."""
+    arguments = _bind("_sample", args, kwargs)
+    padding = state.padding
+    generation_config = arguments["generation_config"]
+    processors = arguments["logits_processor"]
+    returns = bool(generation_config.return_dict_in_generate)
+    path = policy.decode_path(
+        policy.LoopFacts(
+            mode=generation_config.get_generation_mode().value,
+            device_decode=state.settings.device_decode,
+            processors=tuple(type(p).__name__ for p in processors),
+            model_kwargs=tuple(k for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS and v is not None),
+            outputs_scores_or_logits=returns and bool(generation_config.output_scores or generation_config.output_logits),
+            outputs_attentions_or_states=returns
+            and bool(generation_config.output_attentions or generation_config.output_hidden_states),
+            synced_gpus=bool(arguments.get("synced_gpus")),
+            custom_mask_function=_custom_masks(model),
+        )
+    )
+    if padding:
+        arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
+        if not path.device:  # the device loop reads the processors' settings, never calls them
+            arguments["logits_processor"] = ProcessorsView(processors, padding)
+    return arguments, path
+
+
+def _report_failure(where: str, error: Exception) -> None:
+    key = f"{where}: {type(error).__name__}: {error}"
+    with _warned_lock:
+        first = key not in _plan_failures
+        _plan_failures.add(key)
+    if first:
+        logger.warning(
+            "transformers-tpu-ext: %s failed (%s: %s); falling back to the unpatched call", where, type(error).__name__, error
+        )
+
+
+_SAMPLE_PARAMETERS = {"input_ids", "logits_processor", "stopping_criteria", "generation_config", "synced_gpus", "streamer"}
+
+
+def _choice_backend(model: Any, model_kwargs: dict, generation_config: Any) -> Any:
+    """The compile backend of the decode step (``None``: not compiled), for the token choice too."""
+    if not model._valid_auto_compile_criteria(model_kwargs, generation_config):
+        return None
+    config = generation_config.compile_config or model._default_compile_config()
+    return config.backend
+
+
+@_in_padded_call
+def _beam_search(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    padding = _call.get().padding
+    arguments = _bind("_beam_search", args, kwargs)
+    arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
+    arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
+    # Beam search sizes its buffers from max_length and counts the prompt from input_ids: both
+    # include the padding columns inside the loop.
+    generation_config = copy.copy(arguments["generation_config"])
+    generation_config.max_length += padding.pad
+    arguments["generation_config"] = generation_config
+    return wrapped(**arguments)
+
+
+# -------------------------------------------------------------------------------------------------
+# Compile configuration
 
 
 def _valid_auto_compile_criteria(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
