@@ -81,8 +81,22 @@ def test_without_the_patches_auto_loads_on_cpu(simulated_tpu, qwen3_dir) -> None
 
 def test_integer_device_map_means_the_chip(simulated_tpu, llama_dir) -> None:
     model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map={"model": 0, "lm_head": "cpu"})
-    assert model.hf_device_map == {"model": "tpu", "lm_head": "cpu"}
+    # Upstream's convention: the accelerator's index, so f"{device_type}:{index}" names the chip.
+    assert model.hf_device_map == {"model": 0, "lm_head": "cpu"}
     assert model.model.embed_tokens.weight.device.type == "tpu"
+    index = model.hf_device_map["model"]
+    assert torch.device(f"tpu:{index}") == model.model.embed_tokens.weight.device
+
+
+def test_pipeline_reads_integer_devices_as_the_chip(simulated_tpu, llama_dir) -> None:
+    split = AutoModelForCausalLM.from_pretrained(llama_dir, device_map={"model": 0, "lm_head": "cpu"})
+    assert pipeline("text-generation", model=split, tokenizer=llama_dir).device == torch.device("tpu:0")
+    for device in ({"device": 0}, {}):  # upstream's default device is 0, the accelerator
+        pipe = pipeline("text-generation", model=llama_dir, **device)
+        assert pipe.device == torch.device("tpu:0") and pipe.model.device.type == "tpu"
+    assert pipeline("text-generation", model=llama_dir, device=-1).device.type == "cpu"
+    with simulated_tpu.hidden():  # no TPU: upstream's choice (the CPU here)
+        assert pipeline("text-generation", model=llama_dir).device.type == "cpu"
 
 
 def test_pipeline_device_map_auto_generates_on_tpu(simulated_tpu, qwen3_dir) -> None:
@@ -121,11 +135,11 @@ def test_tiny_hbm_gives_a_mixed_map(simulated_tpu, arch, request, prompt) -> Non
     path = request.getfixturevalue(f"{arch}_dir")
     simulated_tpu.configure(hbm_bytes=MIXED_HBM[arch])  # budget: half of it, less than the model
     model = AutoModelForCausalLM.from_pretrained(path, device_map="auto")
-    assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
-    assert model.hf_device_map["model.embed_tokens"] == "tpu"
+    assert set(model.hf_device_map.values()) == {0, "cpu"}
+    assert model.hf_device_map["model.embed_tokens"] == 0
     assert model.device.type == "tpu"
     if arch == "qwen3":  # tied: the group is placed together, and stays one parameter
-        assert model.hf_device_map["lm_head"] == "tpu"
+        assert model.hf_device_map["lm_head"] == 0
         assert model.lm_head.weight is model.model.embed_tokens.weight
     reference = AutoModelForCausalLM.from_pretrained(path)
     out = model.generate(prompt.to(model.device), **GREEDY)
@@ -135,8 +149,8 @@ def test_tiny_hbm_gives_a_mixed_map(simulated_tpu, arch, request, prompt) -> Non
 
 # max_memory that leaves modules for the disk (llama: tpu + cpu + disk; qwen3: tpu + disk).
 DISK_MEMORY = {
-    "llama": ({"tpu": "100KiB", "cpu": "90KiB"}, {"tpu", "cpu", "disk"}),
-    "qwen3": ({"tpu": "100KiB", "cpu": "20KiB"}, {"tpu", "disk"}),
+    "llama": ({"tpu": "100KiB", "cpu": "90KiB"}, {0, "cpu", "disk"}),
+    "qwen3": ({"tpu": "100KiB", "cpu": "20KiB"}, {0, "disk"}),
 }
 
 
@@ -177,10 +191,10 @@ def test_user_max_memory_wins(simulated_tpu, llama_dir) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         llama_dir, device_map="auto", max_memory={"tpu": "128KiB", "cpu": "1GiB"}
     )
-    assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
+    assert set(model.hf_device_map.values()) == {0, "cpu"}
     # The GPU habit (0 = the first accelerator) names the chip too.
     model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto", max_memory={0: "128KiB", "cpu": "1GiB"})
-    assert set(model.hf_device_map.values()) == {"tpu", "cpu"}
+    assert set(model.hf_device_map.values()) == {0, "cpu"}
     # A max_memory without the chip keeps the model off it, as it does for a GPU.
     model = AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto", max_memory={"cpu": "1GiB"})
     assert _devices(model) == {"cpu"}

@@ -19,6 +19,7 @@ REGISTRY: tuple[str, ...] = (
     "accelerate_memory",
     "accelerate_offload",
     "transformers_device_map",
+    "transformers_pipeline",
     "transformers_tied_weights",
     "hub_kernels",
     "use_kernels",

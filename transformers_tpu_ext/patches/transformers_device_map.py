@@ -1,6 +1,6 @@
 """Transformers: ``from_pretrained(device_map=...)`` resolves to the TPU.
 
-Two names on the ``from_pretrained`` path (and so on ``pipeline(..., device_map=...)``):
+Three names on the ``from_pretrained`` path (and so on ``pipeline(..., device_map=...)``):
 
 - ``transformers.integrations.accelerate.get_max_memory``: Transformers' own wrapper around
   Accelerate's (bound there as ``accelerate_max_memory``), called by its ``get_balanced_memory``,
@@ -9,9 +9,13 @@ Two names on the ``from_pretrained`` path (and so on ``pipeline(..., device_map=
 - ``transformers.modeling_utils._get_device_map`` (the name ``from_pretrained`` calls; bound from
   ``transformers.integrations.accelerate`` at import): integer device ids become ``"tpu"``. torch_tpu
   ignores the index of ``Tensor.to(<int>)`` and one process sees its chip as ``tpu:0``, so an int can
-  only mean this chip; as ``"tpu"`` it also reads as a TPU in ``hf_device_map`` (``pipeline`` turns an
-  int into ``cuda:N``/``cpu``). An ``"auto"`` map that puts nothing on a present TPU is logged as a
+  only mean this chip, and Accelerate's loaders need the device type (safetensors rejects ``"tpu"`` as
+  an integer index's device). An ``"auto"`` map that puts nothing on a present TPU is logged as a
   warning with the budget, never silently.
+- ``transformers.modeling_utils.accelerate_dispatch`` (bound from ``transformers.integrations.accelerate``):
+  once the model is dispatched, ``hf_device_map`` records the chip as ``0``, the accelerator's index,
+  as upstream records a GPU, so code that builds ``f"{device_type}:{index}"`` from it gets ``tpu:0``
+  (``pipeline`` reads that ``0`` as the TPU: see the ``transformers_pipeline`` patch).
 """
 
 from __future__ import annotations
@@ -70,7 +74,18 @@ def _chip(name: str, device: Any) -> Any:
     return placement.TPU_KEY
 
 
+def _accelerate_dispatch(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    if backend.tpu_available():
+        model = args[0] if args else kwargs.get("model")
+        device_map = getattr(model, "hf_device_map", None)
+        if isinstance(device_map, dict) and any(placement.is_tpu_key(device) for device in device_map.values()):
+            model.hf_device_map = {name: 0 if placement.is_tpu_key(device) else device for name, device in device_map.items()}
+    return result
+
+
 _get_device_map_wrapper = fail_safe(_get_device_map)
+_accelerate_dispatch_wrapper = fail_safe(_accelerate_dispatch)
 _max_memory_wrapper = fail_safe(with_tpu)
 
 
@@ -81,6 +96,7 @@ def apply(module: Any) -> None:
     if integration is not None and hasattr(integration, "get_max_memory"):
         _wraps.wrap(integration, "get_max_memory", _max_memory_wrapper)
     _wraps.wrap(module, "_get_device_map", _get_device_map_wrapper)
+    _wraps.wrap(module, "accelerate_dispatch", _accelerate_dispatch_wrapper)
 
 
 def revert() -> None:
