@@ -142,6 +142,23 @@ def test_bug_in_the_generation_wrapper_still_generates_upstream(plugin, monkeypa
     assert any(FALLBACK in r.getMessage() and "injected fault in plan" in r.getMessage() for r in caplog.records)
 
 
+def test_bug_in_the_decoding_loop_choice_runs_upstreams_loop(plugin, monkeypatch, caplog):
+    from transformers_tpu_ext import generation_policy
+
+    model = tiny.tiny_model("qwen3", seed=0)
+    prompt = torch.tensor(PROMPT)
+    reference = model.generate(prompt, **GREEDY)
+    model.to("tpu")
+    calls: list[str] = []
+    # Deciding between the device and the host loop (after upstream prepared the loop) raises.
+    monkeypatch.setattr(generation_policy, "decode_path", _breaker(calls, "decode_path"))
+    with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
+        out = model.generate(prompt.to("tpu"), **GREEDY)
+    assert calls == ["decode_path"], "the wrapper's logic never ran: the test injected nothing"
+    assert out.device.type == "tpu" and torch.equal(out.cpu(), reference)
+    assert any(FALLBACK in r.getMessage() and "injected fault in decode_path" in r.getMessage() for r in caplog.records)
+
+
 def test_bug_in_the_tied_weights_wrapper_still_moves_the_model(plugin, monkeypatch):
     from transformers_tpu_ext.patches import transformers_tied_weights
 

@@ -455,6 +455,36 @@ def test_inductor_refuses_tpu_inputs(sim):
         torch.compile(lambda a: a * 2 + 1, backend="inductor")(x)
 
 
+# --- random numbers: the chip's default generator ---------------------------------------------------
+
+
+def _draw(probs):
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
+
+
+def test_the_chip_has_its_own_default_generator_seeded_by_manual_seed(sim):
+    probs = torch.softmax(torch.randn(4, 50), dim=-1).to("tpu")
+    torch.manual_seed(7)
+    first = _draw(probs).cpu()
+    torch.manual_seed(7)
+    torch.rand(1000)  # the CPU's generator draws: the chip's stream does not move
+    assert torch.equal(_draw(probs).cpu(), first)
+    torch.tpu.manual_seed(7)  # torch_tpu's own seeding API reaches the same generator
+    assert torch.equal(_draw(probs).cpu(), first)
+    assert torch.tpu.default_generators[0].initial_seed() == 7
+
+
+def test_compiled_graphs_draw_from_the_chip_generator_at_run_time(sim):
+    probs = torch.softmax(torch.randn(2, 1000), dim=-1).to("tpu")
+    compiled = torch.compile(_draw, backend="tpu")
+    torch.manual_seed(3)
+    eager = [_draw(probs).cpu() for _ in range(3)]
+    torch.manual_seed(3)
+    graph = [compiled(probs).cpu() for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(eager, graph))  # same stream, drawn when the graph runs
+    assert not all(torch.equal(graph[0], g) for g in graph[1:])  # not a constant baked in at trace time
+
+
 # --- a tiny Transformers model ---------------------------------------------------------------------
 
 

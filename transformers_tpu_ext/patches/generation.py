@@ -606,13 +606,19 @@ def _sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = _call.get()
     if state is None or state.plan.upstream:
         return wrapped(*args, **kwargs)
+    arguments = _bind("_sample", args, kwargs)
     try:
-        arguments, path = _sample_plan(instance, state, args, kwargs)
-    except Exception as error:  # a bug of ours: upstream's loop, as the caller gave it
+        path = _decode_path(instance, state, arguments)
+    except Exception as error:  # a bug of ours: upstream's loop (with the caller's views)
         _report_failure("_sample", error)
-        return wrapped(*args, **kwargs)
+        path = policy.DecodePath(False, "fallback")
     logger.debug("transformers-tpu-ext: decoding loop on the %s (%s)", "device" if path.device else "host", path.reason)
+    padding = state.padding
+    if padding:
+        arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
     if not path.device:
+        if padding:
+            arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
         return wrapped(**arguments)
     # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
     # afresh; an error here (the model's, or ours) is the call's error.
@@ -623,28 +629,25 @@ def _sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return sample_on_device(
         instance,
         arguments["input_ids"],
-        logits_processor=arguments["logits_processor"],
+        logits_processor=arguments["logits_processor"],  # read for their settings, never called
         stopping_criteria=arguments["stopping_criteria"],
         generation_config=generation_config,
         streamer=arguments.get("streamer"),
-        padding=state.padding,
+        padding=padding,
         compile_backend=_choice_backend(instance, model_kwargs, generation_config),
         model_kwargs=model_kwargs,
     )
 
 
-def _sample_plan(model: Any, state: _Call, args: tuple, kwargs: dict) -> tuple[dict, policy.DecodePath]:
-    """The arguments of upstream's ``_sample`` with the caller's views, and which loop runs."""
-    arguments = _bind("_sample", args, kwargs)
-    padding = state.padding
+def _decode_path(model: Any, state: _Call, arguments: dict) -> policy.DecodePath:
+    """Which loop runs this ``_sample`` call (``generation_policy.decode_path`` over its facts)."""
     generation_config = arguments["generation_config"]
-    processors = arguments["logits_processor"]
     returns = bool(generation_config.return_dict_in_generate)
-    path = policy.decode_path(
+    return policy.decode_path(
         policy.LoopFacts(
             mode=generation_config.get_generation_mode().value,
             device_decode=state.settings.device_decode,
-            processors=tuple(type(p).__name__ for p in processors),
+            processors=tuple(type(p).__name__ for p in arguments["logits_processor"]),
             model_kwargs=tuple(k for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS and v is not None),
             outputs_scores_or_logits=returns and bool(generation_config.output_scores or generation_config.output_logits),
             outputs_attentions_or_states=returns
@@ -653,11 +656,6 @@ def _sample_plan(model: Any, state: _Call, args: tuple, kwargs: dict) -> tuple[d
             custom_mask_function=_custom_masks(model),
         )
     )
-    if padding:
-        arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
-        if not path.device:  # the device loop reads the processors' settings, never calls them
-            arguments["logits_processor"] = ProcessorsView(processors, padding)
-    return arguments, path
 
 
 def _report_failure(where: str, error: Exception) -> None:
