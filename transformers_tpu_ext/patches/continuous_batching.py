@@ -1,0 +1,355 @@
+"""Patch of Transformers' continuous batching: ``generate_batch``, the manager and ``transformers serve`` on TPU.
+
+Thin wrappers; each falls straight through unless the manager's model is on a TPU (a
+``ContinuousBatchingManager`` built there carries a ``tpu_plan`` on its resolved config):
+
+- ``ContinuousBatchingManager.__init__``: plans the manager (shapes, page size, max length, HBM) and
+  switches the model's attention to ``"tpu_paged"`` (restored by ``stop()``, as upstream restores it).
+- ``resolve_continuous_batching_config``: step shapes from the bucket ladders, the ``tpu`` compile
+  backend (a CompileConfig it would reject is adapted, with one warning), no CUDA graphs, no
+  asynchronous batching (streams do not work on torch_tpu 0.2.0).
+- ``ContinuousBatchingIOs`` (the name the batch processor builds): ``TPUBatchIO`` on TPU.
+- ``PagedAttentionMemoryHandler``: the cache is sized from the chip's HBM (not host RAM).
+- ``PagedAttentionCache.__init__`` / ``group_layers_by_attn_type``: one full-attention cache group
+  (sliding windows are applied by the attention's mask).
+- ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
+- ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
+- ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
+
+The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transformers_tpu_ext.serving``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import logging
+import sys
+import time
+import warnings
+from typing import Any
+
+from .. import serving
+from ..backend import chip_info, is_tpu
+from ._wrap import Wraps, warn_once
+
+NAME = "continuous_batching"
+TARGET = "transformers.generation.continuous_batching.continuous_api"
+DISTRIBUTION = "transformers"
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+_wraps = Wraps()
+_registered_attention: list[Any] = []  # the mapping we registered "tpu_paged" in (for revert)
+_saved_recompile_limit: list[int] = []
+
+
+class _Init:
+    """What the ``__init__`` wrapper knows while upstream's ``__init__`` runs (read by the resolve wrapper)."""
+
+    def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any) -> None:
+        self.model, self.settings, self.user_config = model, settings, user_config
+        chip = chip_info()
+        from ..placement import headroom_bytes
+
+        self.hbm = chip.total_memory if chip else 0
+        self.headroom = headroom_bytes(self.hbm)
+        self.resident = _resident_bytes(model)
+
+
+_init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb_init", default=None)
+_one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
+
+
+def apply(module: Any) -> None:
+    cache_module = sys.modules["transformers.generation.continuous_batching.cache"]
+    manager = module.ContinuousBatchingManager
+    _wraps.wrap(manager, "__init__", _manager_init)
+    _wraps.wrap(manager, "switch_to_cb_friendly_attn", _switch_attention)
+    _wraps.wrap(manager, "start", _start)
+    _wraps.wrap(manager, "add_request", _add_request)
+    _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
+    _wraps.replace(module, "ContinuousBatchingIOs", _io_factory(module.ContinuousBatchingIOs))
+    _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
+    _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
+    _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    handler = cache_module.PagedAttentionMemoryHandler
+    _wraps.wrap(handler, "get_available_memory", _available_memory)
+    _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", _infer_sizes)
+
+
+def revert() -> None:
+    _wraps.unwrap_all()
+    while _registered_attention:
+        _registered_attention.pop()._global_mapping.pop(_runtime().ATTENTION_NAME, None)
+    if _saved_recompile_limit:
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = _saved_recompile_limit.pop()
+
+
+def _runtime() -> Any:
+    from . import _cb_runtime
+
+    return _cb_runtime
+
+
+def _plan_of(config: Any) -> serving.ServingPlan | None:
+    return getattr(config, "tpu_plan", None)
+
+
+# -------------------------------------------------------------------------------------------------
+# The manager
+
+
+def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    model = args[0] if args else kwargs.get("model")
+    if not is_tpu(getattr(model, "device", None)):
+        return wrapped(*args, **kwargs)
+    if getattr(model, "_device_mesh", None) is not None:
+        warn_once("continuous batching with tensor parallelism is not supported on TPU yet; running it unpatched")
+        return wrapped(*args, **kwargs)
+    # The user's own mistakes (a bad TRANSFORMERS_TPU_EXT_SERVE_* or HBM headroom value) raise here.
+    settings = serving.current()
+    user_config = args[2] if len(args) > 2 else kwargs.get("continuous_batching_config")
+    token = _init.set(_Init(model, settings, user_config))
+    try:
+        wrapped(*args, **kwargs)
+    finally:
+        _init.reset(token)
+    if _plan_of(instance.continuous_batching_config) is not None:
+        _use_tpu_attention(instance, model)
+
+
+def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None:  # a cached manager, re-used
+        _use_tpu_attention(instance, args[0] if args else kwargs["model"])
+    return result
+
+
+def _use_tpu_attention(manager: Any, model: Any) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = _runtime().ATTENTION_NAME
+    if ALL_ATTENTION_FUNCTIONS._global_mapping.get(name) is not _runtime().paged_attention:
+        ALL_ATTENTION_FUNCTIONS._global_mapping[name] = _runtime().paged_attention
+        _registered_attention.append(ALL_ATTENTION_FUNCTIONS)
+    original = model.config._attn_implementation
+    if original != name:
+        model.set_attn_implementation(name)
+        if manager._original_attn_impl is None:
+            manager._original_attn_impl = original
+
+
+def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.continuous_batching_config)
+    if plan is not None and plan.warmup and not instance.warmed_up and not instance.is_running():
+        instance.warmup()  # transformers serve starts the manager without a warm-up
+    return wrapped(*args, **kwargs)
+
+
+def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.continuous_batching_config)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+    input_ids = args[0] if args else kwargs["input_ids"]
+    max_new = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
+    if max_new is None:
+        max_new = instance.generation_config.max_new_tokens
+    if max_new is None:  # nothing bounds the request: let it run to the max length
+        kwargs["max_new_tokens"] = max_new = max(plan.max_len - len(input_ids), 1)
+    if len(input_ids) + max_new > plan.max_len:
+        raise ValueError(
+            f"this request needs {len(input_ids)} prompt + {max_new} new tokens, more than the TPU serving max length "
+            f"({plan.max_len} tokens: each request reads its pages through a block table of fixed width); raise it "
+            f"with {serving.ENV['max_len']} or shorten the request"
+        )
+    return wrapped(*args, **kwargs)
+
+
+def _resolve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    init = _init.get()
+    resolved = wrapped(*args, **kwargs)
+    if init is None or not is_tpu(kwargs.get("device")):
+        return resolved
+    try:
+        _plan_manager(resolved, init, kwargs.get("config"), kwargs.get("workload_hints"))
+    except Exception as error:  # a bug of ours: upstream continuous batching, unpatched
+        warn_once(f"planning continuous batching on TPU failed ({type(error).__name__}: {error}); running it unpatched")
+        resolved.__dict__.pop("tpu_plan", None)
+    return resolved
+
+
+def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
+    user = init.user_config
+    hint_len = (hints.max_prompt_length + hints.max_generated_length) if hints is not None else 0
+    default_page = type(resolved)().page_size
+    plan = serving.plan_for(
+        init.settings,
+        hint_len=hint_len or None,
+        model_max_len=getattr(config, "max_position_embeddings", None),
+        page_size=resolved.page_size if resolved.page_size != default_page else None,
+        max_batch_tokens=getattr(user, "max_batch_tokens", None),
+        max_requests=getattr(user, "max_requests_per_batch", None),
+        hbm_bytes=init.hbm,
+        resident_bytes=init.resident,
+        headroom_bytes=init.headroom,
+    )
+    if getattr(user, "use_async_batching", None):
+        warn_once("asynchronous batching needs device streams, which torch_tpu 0.2.0 does not provide; running synchronously")
+    resolved.page_size = plan.page_size
+    resolved.max_batch_tokens = plan.max_batch_tokens
+    resolved.max_requests_per_batch = plan.max_requests
+    resolved.max_blocks_per_request = 0  # upstream's flash decode path; ours reads pages on its own
+    resolved.use_cuda_graph = (False, False)
+    resolved.use_async_batching = False
+    resolved.varlen_compile_config = _tpu_compile_config(getattr(user, "varlen_compile_config", None))
+    resolved.decode_compile_config = None
+    _raise_recompile_limit(len(plan.shapes) + 8)
+    resolved.tpu_plan = plan
+
+
+def _tpu_compile_config(config: Any) -> Any:
+    """The user's CompileConfig made TPU-safe (backend ``tpu``, no mode, static shapes), or the default."""
+    from transformers import CompileConfig
+
+    if config is None:
+        return CompileConfig(backend="tpu", mode="default", fullgraph=False, dynamic=False)
+    adapted = copy.copy(config)
+    changes = []
+    if isinstance(config.backend, str) and config.backend not in ("tpu", "eager", "aot_eager"):
+        changes.append(f"backend={config.backend!r} -> 'tpu'")
+        adapted.backend, adapted.options = "tpu", None
+    if config.mode not in (None, "default"):
+        changes.append(f"mode={config.mode!r} dropped")
+        adapted.mode = "default"
+    if config.dynamic is not False:
+        changes.append("dynamic=False")
+        adapted.dynamic = False
+    if changes:
+        from ..activation import TransformersTPUExtWarning
+
+        warnings.warn(
+            "transformers-tpu-ext: the continuous batching CompileConfig cannot run on TPU; adapted it ("
+            + ", ".join(changes) + ")",
+            TransformersTPUExtWarning,
+            stacklevel=2,
+        )
+    return adapted
+
+
+def _raise_recompile_limit(limit: int) -> None:
+    import torch._dynamo
+
+    current = torch._dynamo.config.recompile_limit
+    if current < limit:
+        if not _saved_recompile_limit:
+            _saved_recompile_limit.append(current)
+        torch._dynamo.config.recompile_limit = limit
+
+
+def _io_factory(original: Any) -> Any:
+    def ContinuousBatchingIOs(**kwargs: Any) -> Any:  # noqa: N802 - stands for the class it replaces
+        if _plan_of(kwargs.get("continuous_batching_config")) is not None:
+            return _runtime().io_class()(**kwargs)
+        return original(**kwargs)
+
+    ContinuousBatchingIOs.__wrapped__ = original
+    return ContinuousBatchingIOs
+
+
+# -------------------------------------------------------------------------------------------------
+# The paged cache: one full-attention group, sized from the chip's HBM
+
+
+def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    config = kwargs.get("continuous_batching_config", args[1] if len(args) > 1 else None)
+    if _plan_of(config) is None:
+        return wrapped(*args, **kwargs)
+    token = _one_group.set(True)
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        _one_group.reset(token)
+    return result
+
+
+def _group_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    groups = wrapped(*args, **kwargs)
+    if not _one_group.get() or len(groups) == 1 and "full_attention" in groups:
+        return groups
+    # Sliding-window layers keep their whole history: the attention applies the window by mask.
+    return {"full_attention": sorted(layer for layers in groups.values() for layer in layers)}
+
+
+def _available_memory(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.cb_config)
+    return wrapped(*args, **kwargs) if plan is None else plan.budget
+
+
+def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.cb_config)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+    plan.cache = serving.cache_plan(
+        plan.budget,
+        instance.bytes_per_sector,
+        _step_bytes(instance, plan),
+        requested_sectors=instance.num_sectors_from_config(),
+    )
+    logger.info("transformers-tpu-ext: TPU paged cache %s", plan.cache)
+    return plan.max_batch_tokens, plan.cache.num_sectors
+
+
+def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
+    """Working memory of the largest step besides the cache: activations, each token's pages, scores, logits."""
+    from transformers.generation.continuous_batching.utils import find_head_dim
+
+    config, itemsize = handler.config, handler.activation_dtype.itemsize
+    tokens, keys = plan.max_batch_tokens, plan.blocks_per_request * plan.page_size
+    gathered = 2 * tokens * keys * handler.num_key_value_heads * find_head_dim(config) * itemsize
+    scores = tokens * handler.num_attention_heads * keys * 4
+    logits = plan.max_requests * config.vocab_size * 4
+    return tokens * handler.bytes_per_batch_token + gathered + scores + logits
+
+
+def _resident_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers on the TPU (a tied tensor counted once)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if is_tpu(tensor):
+            seen[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())
+
+
+# -------------------------------------------------------------------------------------------------
+# Warm-up: every (Q, S) step shape, once
+
+
+def _runner_warmup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not isinstance(instance.inputs_and_outputs, _runtime().io_class()):
+        return wrapped(*args, **kwargs)
+    return _warmup(instance, args[0] if args else kwargs["model"])
+
+
+def _warmup(runner: Any, model: Any) -> None:
+    import torch
+    from tqdm.auto import tqdm
+
+    io = runner.inputs_and_outputs
+    shapes = io.plan.shapes
+    _raise_recompile_limit(len(shapes) + 8)
+    start = time.perf_counter()
+    bar = tqdm(shapes, desc="transformers-tpu-ext: precompiling serving steps", unit="shape", file=sys.stderr)
+    with torch.no_grad():
+        for q, s in bar:
+            bar.set_postfix_str(f"tokens={q} requests={s}")
+            io.prepare_warmup_batch(q, s)
+            runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
+    bar.close()
+    io.reset()
+    logger.info(
+        "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
+    )
+
