@@ -42,6 +42,9 @@ logger = logging.getLogger("transformers_tpu_ext")
 _wraps = Wraps()
 _registered_attention: list[Any] = []  # the mapping we registered "tpu_paged" in (for revert)
 _saved_recompile_limit: list[int] = []
+#: TorchDynamo's recompile limit is raised to at least this (every step shape is a recompilation of one
+#: function; past the limit TorchDynamo would silently run it eagerly), as the generation patch does.
+_RECOMPILE_LIMIT = 64
 
 
 class _Init:
@@ -122,9 +125,14 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 
 
 def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    model = args[0] if args else kwargs["model"]
+    original = getattr(model, "_tpu_ext_attn_original", None)
+    if original is not None and model.config._attn_implementation == _runtime().ATTENTION_NAME:
+        # A manager that never started (so never stopped) left it switched: upstream's check must see the user's.
+        model.set_attn_implementation(original)
     result = wrapped(*args, **kwargs)
     if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None:  # a cached manager, re-used
-        _use_tpu_attention(instance, args[0] if args else kwargs["model"])
+        _use_tpu_attention(instance, model)
     return result
 
 
@@ -137,6 +145,7 @@ def _use_tpu_attention(manager: Any, model: Any) -> None:
         _registered_attention.append(ALL_ATTENTION_FUNCTIONS)
     original = model.config._attn_implementation
     if original != name:
+        model._tpu_ext_attn_original = original
         model.set_attn_implementation(name)
         if manager._original_attn_impl is None:
             manager._original_attn_impl = original
@@ -157,14 +166,23 @@ def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     max_new = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
     if max_new is None:
         max_new = instance.generation_config.max_new_tokens
-    if max_new is None:  # nothing bounds the request: let it run to the max length
-        kwargs["max_new_tokens"] = max_new = max(plan.max_len - len(input_ids), 1)
-    if len(input_ids) + max_new > plan.max_len:
+    room = plan.max_len - len(input_ids)
+    if room < 1:
         raise ValueError(
-            f"this request needs {len(input_ids)} prompt + {max_new} new tokens, more than the TPU serving max length "
-            f"({plan.max_len} tokens: each request reads its pages through a block table of fixed width); raise it "
-            f"with {serving.ENV['max_len']} or shorten the request"
+            f"this prompt has {len(input_ids)} tokens; the TPU serving max length is {plan.max_len} tokens (each "
+            f"request reads its pages through a block table of fixed width): raise it with {serving.ENV['max_len']} "
+            "or shorten the prompt"
         )
+    if max_new is None or max_new > room:
+        if max_new is not None:
+            warn_once(
+                f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
+                f"{serving.ENV['max_len']} raises it)"
+            )
+        if len(args) > 2:
+            args = (*args[:2], room, *args[3:])
+        else:
+            kwargs = {**kwargs, "max_new_tokens": room}
     return wrapped(*args, **kwargs)
 
 
@@ -206,7 +224,7 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.use_async_batching = False
     resolved.varlen_compile_config = _tpu_compile_config(getattr(user, "varlen_compile_config", None))
     resolved.decode_compile_config = None
-    _raise_recompile_limit(len(plan.shapes) + 8)
+    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(plan.shapes) + 8))
     resolved.tpu_plan = plan
 
 
@@ -339,7 +357,7 @@ def _warmup(runner: Any, model: Any) -> None:
 
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes
-    _raise_recompile_limit(len(shapes) + 8)
+    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(shapes) + 8))
     start = time.perf_counter()
     bar = tqdm(shapes, desc="transformers-tpu-ext: precompiling serving steps", unit="shape", file=sys.stderr)
     with torch.no_grad():
