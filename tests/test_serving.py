@@ -154,6 +154,20 @@ try:
 finally:
     server.kill_server()
 r["serve"] = dict(match=answers == expected, programs=programs)
+
+# F. deactivate() restores every original; activate() re-applies.
+import transformers_tpu_ext
+from transformers.generation.continuous_batching import cache as cache_module, continuous_api, input_outputs
+transformers_tpu_ext.deactivate()
+r["reverted"] = (
+    continuous_api.ContinuousBatchingIOs is input_outputs.ContinuousBatchingIOs
+    and not hasattr(continuous_api.ContinuousBatchingManager.__init__, "__wrapped__")
+    and not hasattr(cache_module.group_layers_by_attn_type, "__wrapped__")
+    and "tpu_paged" not in __import__("transformers").modeling_utils.ALL_ATTENTION_FUNCTIONS._global_mapping
+)
+transformers_tpu_ext.activate()
+r["reapplied"] = "continuous_batching" in transformers_tpu_ext.active_patches() and hasattr(
+    continuous_api.ContinuousBatchingManager.__init__, "__wrapped__")
 report(r)
 """
 
@@ -213,6 +227,10 @@ def test_transformers_serve_answers_on_the_tpu_and_compiles_once(served):
     serve = served["serve"]
     assert serve["match"]
     assert serve["programs"][0] > 0 and serve["programs"][1] == 0
+
+
+def test_deactivate_restores_the_originals_and_activate_reapplies(served):
+    assert served["reverted"] and served["reapplied"]
 
 
 def test_without_the_patch_the_stream_keeps_compiling():

@@ -127,3 +127,18 @@ def test_step_stats_measure_padding():
     stats.record(30, 3, (32, 8))
     assert stats.token_overhead == 48 / 40
     assert stats.asdict()["shapes"] == [(16, 8), (32, 8)]
+
+
+def test_fit_request_lowers_max_new_tokens_and_refuses_a_prompt_with_no_room():
+    assert serving.fit_request(100, 20, 512) == 20
+    assert serving.fit_request(500, 1024, 512) == 12
+    assert serving.fit_request(500, None, 512) == 12
+    with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN"):
+        serving.fit_request(512, 1, 512)
+
+
+def test_step_bytes_counts_each_tokens_pages_scores_logits_and_activations():
+    plan = _plan(hint_len=364, max_batch_tokens=64, max_requests=8)  # 512 keys per token
+    size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=8, itemsize=4, vocab_size=320,
+                              activation_bytes_per_token=1000)
+    assert size == 64 * 1000 + 2 * 64 * 512 * 2 * 8 * 4 + 64 * 4 * 512 * 4 + 8 * 320 * 4

@@ -45,6 +45,7 @@ __all__ = [
     "StepStats",
     "blocks_per_request",
     "cache_plan",
+    "fit_request",
     "configure",
     "current",
     "kv_budget",
@@ -52,6 +53,7 @@ __all__ = [
     "plan_for",
     "request_ladder",
     "reset",
+    "step_bytes",
     "step_shape",
     "step_shapes",
     "token_ladder",
@@ -196,6 +198,45 @@ def cache_plan(
             f"({ENV['max_len']}) or the headroom (TRANSFORMERS_TPU_EXT_HBM_HEADROOM)"
         )
     return CachePlan(fitting, (fitting + reserved_sectors) * bytes_per_sector, step_bytes, budget)
+
+
+def step_bytes(
+    plan: ServingPlan,
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    itemsize: int,
+    vocab_size: int,
+    activation_bytes_per_token: int,
+) -> int:
+    """Working memory of the largest step besides the cache.
+
+    Activations (``activation_bytes_per_token`` per token, Transformers' own estimate), every token's
+    gathered keys and values (``max_batch_tokens x max_len``), the float32 attention scores, and the
+    float32 logits of ``max_requests`` rows.
+    """
+    tokens = plan.max_batch_tokens
+    keys = plan.blocks_per_request * plan.page_size
+    gathered = 2 * tokens * keys * kv_heads * head_dim * itemsize
+    scores = tokens * heads * keys * 4
+    logits = plan.max_requests * vocab_size * 4
+    return tokens * activation_bytes_per_token + gathered + scores + logits
+
+
+def fit_request(prompt_tokens: int, max_new_tokens: int | None, max_len: int) -> int:
+    """``max_new_tokens`` for a request under ``max_len``: lowered to fit (or set, when ``None``).
+
+    Raises ``ValueError`` when the prompt alone leaves no room for a token.
+    """
+    room = max_len - prompt_tokens
+    if room < 1:
+        raise ValueError(
+            f"this prompt has {prompt_tokens} tokens; the TPU serving max length is {max_len} tokens (each request "
+            f"reads its pages through a block table of fixed width): raise it with {ENV['max_len']} or shorten "
+            "the prompt"
+        )
+    return room if max_new_tokens is None else min(max_new_tokens, room)
 
 
 @dataclass

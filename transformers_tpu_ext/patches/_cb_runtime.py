@@ -14,10 +14,17 @@ Nothing here is imported before Transformers is: the classes are built on first 
 
 from __future__ import annotations
 
+import copy
 import functools
+import logging
+import sys
+import time
+import warnings
 from typing import Any
 
 from .. import serving
+
+logger = logging.getLogger("transformers_tpu_ext")
 
 ATTENTION_NAME = "tpu_paged"
 
@@ -251,3 +258,54 @@ def io_class() -> type:
             return dict(self._kwargs) if self._kwargs is not None else {}
 
     return TPUBatchIO
+
+
+def warmup(runner: Any, model: Any) -> None:
+    """Run one step of every ``(Q, S)`` shape of the runner's plan (each compiles its graph), with a progress bar."""
+    import torch
+    from tqdm.auto import tqdm
+
+    io = runner.inputs_and_outputs
+    shapes = io.plan.shapes
+    start = time.perf_counter()
+    bar = tqdm(shapes, desc="transformers-tpu-ext: precompiling serving steps", unit="shape", file=sys.stderr)
+    with torch.no_grad():
+        for q, s in bar:
+            bar.set_postfix_str(f"tokens={q} requests={s}")
+            io.prepare_warmup_batch(q, s)
+            runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
+    bar.close()
+    io.reset()
+    logger.info(
+        "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
+    )
+
+
+def tpu_compile_config(config: Any) -> Any:
+    """The user's CompileConfig made TPU-safe (backend ``tpu``, no mode, static shapes), or the default one."""
+    from transformers import CompileConfig
+
+    if config is None:
+        return CompileConfig(backend="tpu", mode="default", fullgraph=False, dynamic=False)
+    adapted = copy.copy(config)
+    changes = []
+    if isinstance(config.backend, str) and config.backend not in ("tpu", "eager", "aot_eager"):
+        changes.append(f"backend={config.backend!r} -> 'tpu'")
+        adapted.backend, adapted.options = "tpu", None
+    if config.mode not in (None, "default"):
+        changes.append(f"mode={config.mode!r} dropped")
+        adapted.mode = "default"
+    if config.dynamic is not False:
+        changes.append("dynamic=False")
+        adapted.dynamic = False
+    if changes:
+        from ..activation import TransformersTPUExtWarning
+
+        warnings.warn(
+            "transformers-tpu-ext: the continuous batching CompileConfig cannot run on TPU; adapted it ("
+            + ", ".join(changes)
+            + ")",
+            TransformersTPUExtWarning,
+            stacklevel=2,
+        )
+    return adapted

@@ -22,11 +22,8 @@ The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transf
 from __future__ import annotations
 
 import contextvars
-import copy
 import logging
 import sys
-import time
-import warnings
 from typing import Any
 
 from .. import serving
@@ -163,26 +160,20 @@ def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if plan is None:
         return wrapped(*args, **kwargs)
     input_ids = args[0] if args else kwargs["input_ids"]
-    max_new = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
-    if max_new is None:
-        max_new = instance.generation_config.max_new_tokens
-    room = plan.max_len - len(input_ids)
-    if room < 1:
-        raise ValueError(
-            f"this prompt has {len(input_ids)} tokens; the TPU serving max length is {plan.max_len} tokens (each "
-            f"request reads its pages through a block table of fixed width): raise it with {serving.ENV['max_len']} "
-            "or shorten the prompt"
-        )
-    if max_new is None or max_new > room:
-        if max_new is not None:
+    asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
+    if asked is None:
+        asked = instance.generation_config.max_new_tokens
+    fitted = serving.fit_request(len(input_ids), asked, plan.max_len)  # a prompt too long raises here
+    if fitted != asked:
+        if asked is not None:
             warn_once(
                 f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
                 f"{serving.ENV['max_len']} raises it)"
             )
         if len(args) > 2:
-            args = (*args[:2], room, *args[3:])
+            args = (*args[:2], fitted, *args[3:])
         else:
-            kwargs = {**kwargs, "max_new_tokens": room}
+            kwargs = {**kwargs, "max_new_tokens": fitted}
     return wrapped(*args, **kwargs)
 
 
@@ -222,39 +213,10 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.max_blocks_per_request = 0  # upstream's flash decode path; ours reads pages on its own
     resolved.use_cuda_graph = (False, False)
     resolved.use_async_batching = False
-    resolved.varlen_compile_config = _tpu_compile_config(getattr(user, "varlen_compile_config", None))
+    resolved.varlen_compile_config = _runtime().tpu_compile_config(getattr(user, "varlen_compile_config", None))
     resolved.decode_compile_config = None
     _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(plan.shapes) + 8))
     resolved.tpu_plan = plan
-
-
-def _tpu_compile_config(config: Any) -> Any:
-    """The user's CompileConfig made TPU-safe (backend ``tpu``, no mode, static shapes), or the default."""
-    from transformers import CompileConfig
-
-    if config is None:
-        return CompileConfig(backend="tpu", mode="default", fullgraph=False, dynamic=False)
-    adapted = copy.copy(config)
-    changes = []
-    if isinstance(config.backend, str) and config.backend not in ("tpu", "eager", "aot_eager"):
-        changes.append(f"backend={config.backend!r} -> 'tpu'")
-        adapted.backend, adapted.options = "tpu", None
-    if config.mode not in (None, "default"):
-        changes.append(f"mode={config.mode!r} dropped")
-        adapted.mode = "default"
-    if config.dynamic is not False:
-        changes.append("dynamic=False")
-        adapted.dynamic = False
-    if changes:
-        from ..activation import TransformersTPUExtWarning
-
-        warnings.warn(
-            "transformers-tpu-ext: the continuous batching CompileConfig cannot run on TPU; adapted it ("
-            + ", ".join(changes) + ")",
-            TransformersTPUExtWarning,
-            stacklevel=2,
-        )
-    return adapted
 
 
 def _raise_recompile_limit(limit: int) -> None:
@@ -321,15 +283,17 @@ def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
-    """Working memory of the largest step besides the cache: activations, each token's pages, scores, logits."""
     from transformers.generation.continuous_batching.utils import find_head_dim
 
-    config, itemsize = handler.config, handler.activation_dtype.itemsize
-    tokens, keys = plan.max_batch_tokens, plan.blocks_per_request * plan.page_size
-    gathered = 2 * tokens * keys * handler.num_key_value_heads * find_head_dim(config) * itemsize
-    scores = tokens * handler.num_attention_heads * keys * 4
-    logits = plan.max_requests * config.vocab_size * 4
-    return tokens * handler.bytes_per_batch_token + gathered + scores + logits
+    return serving.step_bytes(
+        plan,
+        heads=handler.num_attention_heads,
+        kv_heads=handler.num_key_value_heads,
+        head_dim=find_head_dim(handler.config),
+        itemsize=handler.activation_dtype.itemsize,
+        vocab_size=handler.config.vocab_size,
+        activation_bytes_per_token=handler.bytes_per_batch_token,
+    )
 
 
 def _resident_bytes(model: Any) -> int:
@@ -348,26 +312,5 @@ def _resident_bytes(model: Any) -> int:
 def _runner_warmup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if not isinstance(instance.inputs_and_outputs, _runtime().io_class()):
         return wrapped(*args, **kwargs)
-    return _warmup(instance, args[0] if args else kwargs["model"])
-
-
-def _warmup(runner: Any, model: Any) -> None:
-    import torch
-    from tqdm.auto import tqdm
-
-    io = runner.inputs_and_outputs
-    shapes = io.plan.shapes
-    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(shapes) + 8))
-    start = time.perf_counter()
-    bar = tqdm(shapes, desc="transformers-tpu-ext: precompiling serving steps", unit="shape", file=sys.stderr)
-    with torch.no_grad():
-        for q, s in bar:
-            bar.set_postfix_str(f"tokens={q} requests={s}")
-            io.prepare_warmup_batch(q, s)
-            runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
-    bar.close()
-    io.reset()
-    logger.info(
-        "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
-    )
-
+    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(instance.inputs_and_outputs.plan.shapes) + 8))
+    return _runtime().warmup(instance, args[0] if args else kwargs["model"])
