@@ -69,7 +69,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(manager, "start", _start)
     _wraps.wrap(manager, "add_request", _add_request)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
-    _wraps.replace(module, "ContinuousBatchingIOs", _io_factory(module.ContinuousBatchingIOs))
+    _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
@@ -229,14 +229,11 @@ def _raise_recompile_limit(limit: int) -> None:
         torch._dynamo.config.recompile_limit = limit
 
 
-def _io_factory(original: Any) -> Any:
-    def ContinuousBatchingIOs(**kwargs: Any) -> Any:  # noqa: N802 - stands for the class it replaces
-        if _plan_of(kwargs.get("continuous_batching_config")) is not None:
-            return _runtime().io_class()(**kwargs)
-        return original(**kwargs)
-
-    ContinuousBatchingIOs.__wrapped__ = original
-    return ContinuousBatchingIOs
+def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """The batch processor's ``ContinuousBatchingIOs(**kwargs)``: ``TPUBatchIO`` for a planned manager."""
+    if _plan_of(kwargs.get("continuous_batching_config")) is not None:
+        return _runtime().io_class()(*args, **kwargs)
+    return wrapped(*args, **kwargs)
 
 
 # -------------------------------------------------------------------------------------------------
