@@ -249,16 +249,15 @@ class StepStats:
     requests: int = 0
     padded_requests: int = 0
     shapes: set = field(default_factory=set)
-    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, tokens: int, requests: int, shape: tuple[int, int]) -> None:
-        with self._lock:
-            self.steps += 1
-            self.tokens += tokens
-            self.padded_tokens += shape[0]
-            self.requests += requests
-            self.padded_requests += shape[1]
-            self.shapes.add(tuple(shape))
+        """One step (called by the generation loop's thread only)."""
+        self.steps += 1
+        self.tokens += tokens
+        self.padded_tokens += shape[0]
+        self.requests += requests
+        self.padded_requests += shape[1]
+        self.shapes.add(tuple(shape))
 
     @property
     def token_overhead(self) -> float:
