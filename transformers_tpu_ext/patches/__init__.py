@@ -26,4 +26,5 @@ REGISTRY: tuple[str, ...] = (
     "generation",
     "tp_plan_rewrite",
     "tp_kv_cache",
+    "continuous_batching",
 )

@@ -1,0 +1,224 @@
+"""Continuous batching on the simulated TPU, with and without transformers-tpu-ext, in one run.
+
+    python benchmarks/bench_serve.py            # full run: 100 requests (several minutes on 2 cores)
+    python benchmarks/bench_serve.py --quick    # smoke run (tests/test_benchmark_serve.py runs it)
+    python benchmarks/bench_serve.py --output benchmarks/results/serve.json
+
+Each side runs in its own subprocess (patches are process-global): ``baseline`` is plain
+Transformers 5.24 (``TRANSFORMERS_TPU_EXT_DISABLE=1``), ``plugin`` is transformers-tpu-ext with its
+defaults. Both build the same seeded tiny Qwen3-shaped model, compute every request's reference
+tokens with a per-request greedy ``generate()`` on the CPU, move the model to the simulated ``tpu``,
+start a ``ContinuousBatchingManager`` and stream the workload through it: requests with prompt
+lengths 1..300 and ``max_new_tokens`` 1..64 in mixed order, ``in_flight`` of them at a time (a
+finished request lets the next one in).
+
+The baseline is what a user of plain Transformers gets: eager steps (no compile config; a default
+compile level picks inductor, which fails on TPU: the ``compile_probe``), and a cache it would size
+from host RAM, so it is given an explicit ``num_blocks`` to run at all (``would_size_cache_from``
+reports the memory it would have used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARK = "@@BENCH@@"
+
+
+def workload(requests: int, max_prompt: int, max_new: int, seed: int = 0) -> list[tuple[int, int]]:
+    """``requests`` deterministic ``(prompt_length, max_new_tokens)`` pairs, in mixed order."""
+    rng = random.Random(seed)
+    return [(rng.randint(1, max_prompt), rng.randint(1, max_new)) for _ in range(requests)]
+
+
+def sizes(quick: bool) -> dict:
+    if quick:
+        return {"requests": 12, "max_prompt": 40, "max_new": 8, "in_flight": 6, "hbm": "96MiB",
+                "serve_env": {"TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS": "32", "TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS": "8"}}
+    return {"requests": 100, "max_prompt": 300, "max_new": 64, "in_flight": 24, "hbm": "512MiB", "serve_env": {}}
+
+
+# -------------------------------------------------------------------------------------------------
+# Worker side (one process per side)
+
+
+def worker(side: str, quick: bool) -> dict:
+    import torch
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    from transformers_tpu_ext import testing
+    from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model
+
+    cfg = sizes(quick)
+    sim = testing.install(chips=1, hbm_bytes=cfg["hbm"])
+    model = tiny_model("qwen3", seed=0)
+    check_context_sensitive(model)
+    gen = torch.Generator().manual_seed(1234)
+    work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
+    prompts = [torch.randint(2, model.config.vocab_size, (n,), generator=gen).tolist() for n, _ in work]
+    reference = [
+        model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(p):].tolist()
+        for p, (_, n) in zip(prompts, work)
+    ]
+    model.to("tpu")
+    gc = GenerationConfig(do_sample=False, eos_token_id=1, pad_token_id=0)
+    result: dict = {"side": side}
+    if side == "baseline":
+        result["would_size_cache_from"] = _upstream_available_memory()
+        result["compile_probe"] = _compile_probe(model, gc, prompts[:2])
+        cb_config = ContinuousBatchingConfig(num_blocks=64)
+    else:
+        cb_config = None
+
+    start = time.perf_counter()
+    before = sim.counters()
+    manager = model.init_continuous_batching(generation_config=gc, continuous_batching_config=cb_config)
+    manager.warmup()
+    warm = sim.counters() - before
+    result["warmup_seconds"] = round(time.perf_counter() - start, 2)
+    manager.start()
+
+    start = time.perf_counter()
+    before = sim.counters()
+    halfway = None
+    outputs: dict[str, list[int]] = {}
+    ids: list[str] = []
+    pending = list(range(len(work)))
+    in_flight = 0
+    while len(outputs) < len(work):
+        while pending and in_flight < cfg["in_flight"]:
+            i = pending.pop(0)
+            ids.append(manager.add_request(prompts[i], request_id=f"r{i}", max_new_tokens=work[i][1]))
+            in_flight += 1
+        out = manager.get_result(timeout=120)
+        if out is None:
+            raise RuntimeError("the manager stopped answering")
+        if out.is_finished():
+            if out.error:
+                raise RuntimeError(out.error)
+            outputs[out.request_id] = out.generated_tokens
+            in_flight -= 1
+            if len(outputs) == len(work) // 2:
+                halfway = sim.counters() - before
+    stream = sim.counters() - before
+    stream_seconds = time.perf_counter() - start
+    processor = manager.batch_processor
+    cache_tensor = processor.cache.cache_tensor
+    plan = getattr(manager.continuous_batching_config, "tpu_plan", None)
+    manager.stop(block=True)
+    manager.destroy()
+
+    generated = sum(len(v) for v in outputs.values())
+    props = torch.tpu.get_device_properties()
+    result.update(
+        tokens_match_cpu=[outputs[f"r{i}"] for i in range(len(work))] == reference,
+        requests=len(work),
+        generated_tokens=generated,
+        warmup=warm.asdict(),
+        stream=stream.asdict(),
+        programs_after_warmup=stream.programs,
+        programs_total=warm.programs + stream.programs,
+        programs_first_half=halfway.programs if halfway else None,
+        programs_second_half=stream.programs - halfway.programs if halfway else None,
+        stream_seconds=round(stream_seconds, 2),
+        tokens_per_second=round(generated / stream_seconds, 1),
+        hbm_bytes=props.total_memory,
+        kv_cache_bytes=cache_tensor.numel() * cache_tensor.element_size(),
+        compile_backend=getattr(manager.continuous_batching_config.varlen_compile_config, "backend", None),
+    )
+    if plan is not None:
+        info = plan.asdict()
+        result["plan"] = {k: v for k, v in info.items() if k != "stats"}
+        result["steps"] = info["stats"]
+        result["padding_overhead"] = info["stats"]["token_overhead"]
+        result["kv_cache_fraction_of_budget"] = info["kv_cache_fraction_of_budget"]
+        result["kv_cache_within_budget"] = info["kv_cache_bytes"] + info["step_bytes"] <= info["kv_budget_bytes"]
+    else:
+        result["padding_overhead"] = 1.0  # upstream pads nothing when it does not compile
+    return result
+
+
+def _upstream_available_memory() -> dict:
+    """What plain Transformers sizes its paged cache from on a TPU host: host RAM (its CPU branch)."""
+    from transformers.generation.continuous_batching.utils import get_device_and_memory_breakdown
+
+    device, total, reserved, allocated = get_device_and_memory_breakdown()
+    return {"device_branch": str(device), "total_bytes": total, "available_bytes_at_0.9": int((total - max(allocated, reserved)) * 0.9)}
+
+
+def _compile_probe(model, gc, prompts) -> dict:
+    """Plain Transformers with a compile level: its default CompileConfig is inductor."""
+    from transformers import ContinuousBatchingConfig
+
+    config = ContinuousBatchingConfig(num_blocks=16, default_compile_level=1)
+    out = model.generate_batch(prompts, generation_config=gc, max_new_tokens=2, continuous_batching_config=config)
+    errors = [o.error for o in out.values() if o.error]
+    return {"requests_failed": len(errors), "requests": len(prompts), "error": (errors[0] or "")[:160] if errors else None}
+
+
+# -------------------------------------------------------------------------------------------------
+# Driver side
+
+
+def _run_worker(side: str, quick: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **sizes(quick)["serve_env"])
+    if side == "baseline":
+        env["TRANSFORMERS_TPU_EXT_DISABLE"] = "1"
+    args = [sys.executable, str(Path(__file__).resolve()), "--worker", side] + (["--quick"] if quick else [])
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if proc.returncode != 0 or len(lines) != 1:
+        raise RuntimeError(f"{side} worker failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(lines[0][len(MARK):])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--sides", default="baseline,plugin", help="comma list of sides to run")
+    parser.add_argument("--output", help="also write the JSON report to this file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(MARK + json.dumps(worker(args.worker, args.quick)), flush=True)
+        return 0
+    cfg = sizes(args.quick)
+    work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
+    report: dict = {
+        "workload": {
+            "requests": len(work),
+            "prompt_lengths": [min(p for p, _ in work), max(p for p, _ in work)],
+            "max_new_tokens": [min(n for _, n in work), max(n for _, n in work)],
+            "in_flight": cfg["in_flight"],
+            "simulated_hbm": cfg["hbm"],
+        }
+    }
+    for side in args.sides.split(","):
+        report[side] = _run_worker(side, args.quick)
+    if "baseline" in report and "plugin" in report:
+        base, plug = report["baseline"], report["plugin"]
+        report["comparison"] = {
+            "programs_after_warmup": [base["programs_after_warmup"], plug["programs_after_warmup"]],
+            "programs_total": [base["programs_total"], plug["programs_total"]],
+            "tokens_match_cpu": [base["tokens_match_cpu"], plug["tokens_match_cpu"]],
+            "padding_overhead": [base["padding_overhead"], plug["padding_overhead"]],
+            "stream_seconds": [base["stream_seconds"], plug["stream_seconds"]],
+        }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
