@@ -123,3 +123,20 @@ def test_the_host_loop_and_why(changes, reason):
 
     path = policy.decode_path(dataclasses.replace(LOOP, **changes))
     assert not path.device and reason in path.reason
+
+
+@pytest.mark.parametrize(
+    "given, expected, changed",
+    [
+        (("tpu", "default", None, False), ("tpu", "default", None, False), []),
+        (("inductor", "reduce-overhead", None, None), ("tpu", "default", None, False),
+         ["backend='inductor' -> 'tpu'", "mode='reduce-overhead' dropped", "dynamic=False"]),
+        (("inductor", None, {"x": 1}, True), ("tpu", None, None, True), ["backend='inductor' -> 'tpu'", "inductor options dropped"]),
+        (("aot_eager", "max-autotune", None, None), ("aot_eager", "default", None, False), ["mode='max-autotune' dropped", "dynamic=False"]),
+        ((len, None, {"x": 1}, None), (len, None, {"x": 1}, None), []),  # a callable backend is the caller's
+    ],
+)
+def test_compile_settings_the_tpu_backend_accepts(given, expected, changed):
+    settings, changes = policy.tpu_compile_settings(*given)
+    assert tuple(settings[name] for name in ("backend", "mode", "options", "dynamic")) == expected
+    assert changes == changed

@@ -26,6 +26,7 @@ __all__ = [
     "decode_path",
     "plan_call",
     "processors_needed",
+    "tpu_compile_settings",
 ]
 
 #: Decoding modes the plugin handles (upstream names, ``GenerationMode.value``).
@@ -232,3 +233,32 @@ def decode_path(facts: LoopFacts) -> DecodePath:
 #: Model kwargs that are plain flags, not per-step tensors.
 _PASSIVE_KWARGS = frozenset({"output_attentions", "output_hidden_states", "return_dict"})
 
+
+
+#: String backends that run on any device; any other string backend is replaced by ``tpu``.
+PORTABLE_BACKENDS = frozenset({"tpu", "eager", "aot_eager", "aot_eager_decomp_partition"})
+
+
+def tpu_compile_settings(backend: object, mode: object, options: object, dynamic: object) -> tuple[dict, list[str]]:
+    """A ``CompileConfig``'s settings the ``tpu`` backend accepts, and what changed (empty: keep it).
+
+    torch_tpu's backend takes no ``mode`` (``reduce-overhead`` and ``max-autotune`` raise) and
+    inductor fails on TPU tensors: a string backend other than a portable one becomes ``tpu``, its
+    inductor ``options`` are dropped, ``mode`` goes back to ``default``, and an unset ``dynamic``
+    becomes ``False`` (static shapes, as the buckets assume). A callable backend is the caller's.
+    """
+    changes = []
+    new_backend, new_mode, new_options, new_dynamic = backend, mode, options, dynamic
+    if isinstance(backend, str) and backend not in PORTABLE_BACKENDS:
+        changes.append(f"backend={backend!r} -> 'tpu'")
+        new_backend = "tpu"
+    if mode not in (None, "default"):
+        changes.append(f"mode={mode!r} dropped")
+        new_mode = "default"
+    if options and new_backend != backend:
+        changes.append("inductor options dropped")
+        new_options = None
+    if changes and dynamic is None:
+        new_dynamic = False
+        changes.append("dynamic=False")
+    return dict(backend=new_backend, mode=new_mode, options=new_options, dynamic=new_dynamic), changes

@@ -44,6 +44,7 @@ from typing import Any
 
 from .. import generation_config as settings_module
 from .. import generation_policy as policy
+from .. import static_cache
 from ..backend import is_tpu
 from ..generation_views import CriteriaView, Padding, ProcessorsView, StreamerView
 from ._wrap import Wraps, fail_safe
@@ -56,8 +57,6 @@ logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
 
-#: String backends that run on any device; any other string backend is replaced by ``tpu``.
-_PORTABLE_BACKENDS = {"tpu", "eager", "aot_eager", "aot_eager_decomp_partition"}
 #: Tensors upstream grows every step (kept on CPU); everything else is left where it is.
 _GROWING = ("input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids")
 
@@ -399,9 +398,11 @@ def _restore(result: Any, state: _Call, device: Any, model: Any) -> Any:
     sequences = getattr(result, "sequences", None)
     if isinstance(sequences, torch.Tensor):
         if state.user_cache_kind is not None and getattr(result, "cache", None) is not None and (
-            state.plan.bucket or state.plan.static_cache or _layers_replaced(result.cache)
+            state.plan.bucket or state.plan.static_cache or static_cache.layers_replaced(result.cache)
         ):
-            result.cache = _user_cache(model, result.cache, state, sequences.shape[1] - 1)
+            result.cache = static_cache.as_upstream_returns(
+                model, result.cache, state.user_cache_kind, state.padding, sequences.shape[1] - 1, state.upstream_cache_length
+            )
         result.sequences = fix(sequences, sequence=True)
         for name in ("scores", "logits"):
             value = getattr(result, name, None)
@@ -412,27 +413,6 @@ def _restore(result: Any, state: _Call, device: Any, model: Any) -> Any:
             if isinstance(value, torch.Tensor):
                 setattr(result, name, fix(value, sequence=False))
     return result
-
-
-def _user_cache(model: Any, cache: Any, state: _Call, written: int) -> Any:
-    """The cache upstream would have returned: its type and length, the caller's rows, no padding.
-
-    ``written`` is how many positions (padding included) the loop wrote. Sliding-window layers are
-    rebuilt by the new cache's own ``update``, which keeps what upstream's would keep.
-    """
-    from transformers.cache_utils import DynamicCache, StaticCache
-
-    padding = state.padding
-    text_config = model.config.get_text_config(decoder=True)
-    if state.user_cache_kind == "static":
-        fresh = StaticCache(config=text_config, max_cache_len=state.upstream_cache_length)
-    else:
-        fresh = DynamicCache(config=text_config)
-    for index, layer in enumerate(cache.layers):
-        keys, values = layer.keys, layer.values
-        rows = padding.real_rows(keys.shape[0])
-        fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
-    return fresh
 
 
 # -------------------------------------------------------------------------------------------------
@@ -522,28 +502,8 @@ def _prepare_static_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict
     # step is guarded on that int, so it compiles anew every step until the window is full, then on
     # every kv offset. A full-length layer masked to the window computes the same attention with a
     # length held in a tensor: one graph. (It holds the whole sequence: max_cache_len positions.)
-    _full_length_layers(cache, getattr(instance, "_previous_max_cache_length", None))
+    static_cache.full_length_layers(cache, getattr(instance, "_previous_max_cache_length", None))
     return cache
-
-
-def _full_length_layers(cache: Any, length: int | None) -> None:
-    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
-
-    if not isinstance(length, int) or length < 1:
-        return
-    layers = getattr(cache, "layers", None) or []
-    for index, layer in enumerate(layers):
-        if type(layer) is not StaticSlidingWindowLayer:
-            continue
-        full = StaticLayer(max_cache_len=length)
-        full._tpu_ext_replaced = True
-        if layer.is_initialized:  # initialised early (a chunked prefill): alike, full length
-            full.lazy_initialization(layer.keys[:, :, :1], layer.values[:, :, :1])
-        layers[index] = full
-
-
-def _layers_replaced(cache: Any) -> bool:
-    return any(getattr(layer, "_tpu_ext_replaced", False) for layer in getattr(cache, "layers", ()))
 
 
 @_in_handled_call
@@ -719,30 +679,15 @@ def _valid_auto_compile_criteria_on_tpu(wrapped: Any, instance: Any, args: tuple
 
 
 def _adapt_compile_config(config: Any) -> Any:
-    """A TPU-safe copy of ``config`` (backend ``tpu``, no ``mode``, static shapes), or ``None`` if fine."""
+    """A TPU-safe copy of ``config`` (``generation_policy.tpu_compile_settings``), or ``None`` if fine."""
     if config is None:
         return None
-    backend = config.backend
-    changes = []
-    if isinstance(backend, str) and backend not in _PORTABLE_BACKENDS:
-        changes.append(f"backend={backend!r} -> 'tpu'")
-        backend = "tpu"
-    mode = config.mode
-    if mode not in (None, "default"):
-        changes.append(f"mode={mode!r} dropped")
-        mode = "default"
-    options = config.options
-    if options and backend != config.backend:
-        changes.append("inductor options dropped")
-        options = None
-    dynamic = config.dynamic
-    if changes and dynamic is None:
-        dynamic = False
-        changes.append("dynamic=False")
+    settings, changes = policy.tpu_compile_settings(config.backend, config.mode, config.options, config.dynamic)
     if not changes:
         return None
     adapted = copy.copy(config)
-    adapted.backend, adapted.mode, adapted.options, adapted.dynamic = backend, mode, options, dynamic
+    for name, value in settings.items():
+        setattr(adapted, name, value)
     key = repr(sorted(changes))
     with _warned_lock:
         first = key not in _warned_configs

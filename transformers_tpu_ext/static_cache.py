@@ -1,0 +1,60 @@
+"""The static KV cache on TPU: one graph per decode step, and the cache the caller gets back.
+
+Glue over ``transformers.cache_utils`` for the generation patch (imported when a call needs it):
+
+- :func:`full_length_layers`: a ``StaticSlidingWindowLayer`` keeps its length as a Python int and
+  branches on it, so a compiled decode step is guarded on that int and compiles anew every step
+  until the window is full, then on every key/value offset. A full-length ``StaticLayer``, masked to
+  the window by the model's sliding-window mask (absolute positions, offset 0), computes the same
+  attention with its length held in a tensor: one graph. It holds the whole cache length.
+- :func:`as_upstream_returns`: what ``return_dict_in_generate=True`` hands back is the cache
+  Transformers would have returned (its type, its length, the caller's rows, no padding columns).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["as_upstream_returns", "full_length_layers", "layers_replaced"]
+
+
+def full_length_layers(cache: Any, length: int | None) -> None:
+    """Replace ``cache``'s sliding-window static layers by full-length ones of ``length`` positions."""
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    if not isinstance(length, int) or length < 1:
+        return
+    layers = getattr(cache, "layers", None) or []
+    for index, layer in enumerate(layers):
+        if type(layer) is not StaticSlidingWindowLayer:
+            continue
+        full = StaticLayer(max_cache_len=length)
+        full._tpu_ext_replaced = True
+        if layer.is_initialized:  # initialised early (a chunked prefill): alike, full length
+            full.lazy_initialization(layer.keys[:, :, :1], layer.values[:, :, :1])
+        layers[index] = full
+
+
+def layers_replaced(cache: Any) -> bool:
+    """Whether :func:`full_length_layers` replaced a layer of ``cache``."""
+    return any(getattr(layer, "_tpu_ext_replaced", False) for layer in getattr(cache, "layers", ()))
+
+
+def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, written: int, length: int) -> Any:
+    """The cache upstream would have returned: its type and length, the caller's rows, no padding.
+
+    ``written`` is how many positions (padding included) the loop wrote. Sliding-window layers are
+    rebuilt by the new cache's own ``update``, which keeps what upstream's would keep.
+    """
+    from transformers.cache_utils import DynamicCache, StaticCache
+
+    text_config = model.config.get_text_config(decoder=True)
+    if kind == "static":
+        fresh = StaticCache(config=text_config, max_cache_len=length)
+    else:
+        fresh = DynamicCache(config=text_config)
+    for index, layer in enumerate(cache.layers):
+        keys, values = layer.keys, layer.values
+        rows = padding.real_rows(keys.shape[0])
+        fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
+    return fresh
