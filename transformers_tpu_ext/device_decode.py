@@ -200,8 +200,10 @@ class DeviceSelector:
         """Token ids for ``logits`` ([rows, vocab], on the TPU); ``length`` is the user's current length."""
         if self._params is None:
             self._prepare(logits.shape[-1])
+        # The real rows matter to sampling only; greedy passes the batch, so its graph is per bucket.
+        real_rows = self.real_rows if self.sample else logits.shape[0]
         return self._choose(
-            logits, positions, self._params, self._eos_mask, self.ops, self._suppress(length), self.sample, self.real_rows
+            logits, positions, self._params, self._eos_mask, self.ops, self._suppress(length), self.sample, real_rows
         )
 
     def process(self, logits: Any, length: int) -> Any:

@@ -7,6 +7,9 @@ Glue over ``transformers.cache_utils`` for the generation patch (imported when a
   until the window is full, then on every key/value offset. A full-length ``StaticLayer``, masked to
   the window by the model's sliding-window mask (absolute positions, offset 0), computes the same
   attention with its length held in a tensor: one graph. It holds the whole cache length.
+- :func:`attention_heads`: the key-value head count the attention modules use, for a cache
+  initialised before the first forward (the config may state it another way: Falcon's
+  ``multi_query`` means one key-value head whatever ``num_kv_heads`` says).
 - :func:`as_upstream_returns`: what ``return_dict_in_generate=True`` hands back is the cache
   Transformers would have returned (its type, its length, the caller's rows, no padding columns).
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["as_upstream_returns", "full_length_layers", "layers_replaced"]
+__all__ = ["as_upstream_returns", "attention_heads", "full_length_layers", "layers_replaced"]
 
 
 def full_length_layers(cache: Any, length: int | None) -> None:
@@ -58,3 +61,26 @@ def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, written
         rows = padding.real_rows(keys.shape[0])
         fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
     return fresh
+
+
+def attention_heads(model: Any) -> tuple[int, int] | None:
+    """``(key-value heads, head dim)`` as the model's first attention module states them, or ``None``.
+
+    Read from the attribute the module computes them into: ``num_key_value_heads`` or
+    ``num_kv_heads``, else ``num_key_value_groups`` (query heads per key-value head).
+    """
+    config = model.config.get_text_config(decoder=True)
+    for module in model.modules():
+        head_dim = getattr(module, "head_dim", None)
+        if not isinstance(head_dim, int) or isinstance(head_dim, bool):
+            continue
+        for name in ("num_key_value_heads", "num_kv_heads"):
+            heads = getattr(module, name, None)
+            if isinstance(heads, int) and heads > 0:
+                return heads, head_dim
+        groups = getattr(module, "num_key_value_groups", None)
+        query_heads = getattr(module, "num_heads", None) or getattr(config, "num_attention_heads", None)
+        if isinstance(groups, int) and groups > 0 and isinstance(query_heads, int):
+            return query_heads // groups, head_dim
+        return None
+    return None

@@ -18,8 +18,9 @@ user's views of a padded call in ``generation_views``. Here is only the glue:
   loop when nothing needs the logits on the host.
 - ``_prepare_cache_for_generation`` / ``_prepare_static_cache`` / ``_get_static_cache_init_shape``:
   the static cache length is rounded up to a bucket; sliding-window layers become full-length
-  layers (masked to the window), so a decode step has one graph however far it is; the cache is not
-  initialised early with head counts guessed from the config when the plugin chose the chunking.
+  layers (masked to the window), so a decode step has one graph however far it is; a cache
+  initialised early takes its key-value head count from the attention modules when the config
+  states it another way (Falcon).
 - ``prepare_inputs_for_generation``: the chunked prefill's position-id slices are made dense, so
   every prompt length reuses the chunk's graph (graphs guard on strides).
 - ``create_masks_for_generate`` (the name bound in this module): in a device-loop step, the 2D mask
@@ -509,12 +510,18 @@ def _prepare_static_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict
 @_in_handled_call
 def _get_static_cache_init_shape(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # Upstream initialises a static cache early (for a compiled prefill) with head counts read from
-    # the config, which some models do not state the usual way (Falcon's multi-query attention:
-    # 1 key-value head, the config says num_attention_heads). When the plugin chose the chunking, the
-    # cache initialises from the first real key/value states instead.
-    if _call.get().forced_chunk:
-        return None
-    return wrapped(*args, **kwargs)
+    # the config, which some models state another way (Falcon's multi-query attention: one key-value
+    # head, while the config says num_attention_heads). The attention modules know: when they say
+    # otherwise, their count wins. (Initialising from the first chunk's states instead would give
+    # the first chunk its own graph per rung: twice the prefill graphs.)
+    shape = wrapped(*args, **kwargs)
+    if shape is None or not _call.get().forced_chunk or (getattr(instance, "_tp_size", None) or 1) > 1:
+        return shape
+    heads, head_dim = shape
+    seen = static_cache.attention_heads(instance)
+    if seen is not None and isinstance(heads, int) and isinstance(head_dim, int) and seen != (heads, head_dim):
+        return seen
+    return shape
 
 
 @_in_handled_call
