@@ -130,17 +130,20 @@ def test_processors_see_the_callers_rows_and_columns():
     assert torch.equal(out[:3], logits[:3] * 2) and torch.equal(out[3], logits[3])
 
 
-def test_criteria_see_the_callers_rows_and_dummy_rows_are_done():
+@pytest.mark.parametrize("first_done", [False, True])
+def test_criteria_see_the_callers_rows_and_dummy_rows_follow_the_first(first_done):
     seen = {}
 
     def criteria(input_ids, scores):
         seen["ids"] = input_ids.clone()
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        return torch.tensor([first_done, False, True])
 
     ids = torch.arange(4 * 7).reshape(4, 7)
     done = CriteriaView(criteria, PADDING)(ids, None)
     assert torch.equal(seen["ids"], ids[:3, 2:])
-    assert done.tolist() == [False, False, False, True]
+    # The dummy row finishes with the first row: never later (the loop ends with the real rows),
+    # never sooner (it is fed the pad token only when the first row is).
+    assert done.tolist() == [first_done, False, True, first_done]
 
 
 def test_streamer_gets_the_prompt_without_padding_then_the_real_rows():

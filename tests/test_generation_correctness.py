@@ -144,6 +144,47 @@ def _():
         sequences_equal=torch.equal(a["sequences"], b["sequences"]),
     )
 
+# 4b. Found by Transformers' own tests: attentions returned keep upstream's shapes; the cache after
+# inputs_embeds holds the prompt; an invalid pad id reaches no dummy row of a padded batch.
+@section("attentions")
+def _():
+    def shapes(device):
+        model.to(device)
+        out = model.generate(ids[:2].to(device), max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+                             output_attentions=True, output_hidden_states=True)
+        return dict(attentions=[list(step[0].shape) for step in out.attentions],
+                    hidden=[list(step[0].shape) for step in out.hidden_states], sequences=out.sequences.cpu().tolist())
+    r["attentions"] = dict(cpu=shapes("cpu"), tpu=shapes("tpu"))
+
+@section("embeds_cache")
+def _():
+    embeds = model.get_input_embeddings()(ids[:2]).detach()
+    def cache(device):
+        model.to(device)
+        out = model.generate(inputs_embeds=embeds.to(device), max_new_tokens=3, do_sample=False,
+                             return_dict_in_generate=True)
+        return out.cache.layers[0].keys.cpu(), type(out.cache).__name__
+    (a, kind_a), (b, kind_b) = cache("cpu"), cache("tpu")
+    r["embeds_cache"] = dict(cpu=[list(a.shape), kind_a], tpu=[list(b.shape), kind_b],
+                             close=a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5)))
+
+@section("pad_never_generated")
+def _():
+    # pad = eos = -1: no row ever finishes, so upstream never embeds -1; batches of 3 and 13 are padded.
+    r["pad_never_generated"] = {}
+    for rows in (3, 13):
+        x = torch.randint(2, V, (rows, 7), generator=gen)
+        for name, kw in (("device_loop", {}), ("host_loop", dict(return_dict_in_generate=True, output_scores=True))):
+            model.to("cpu")
+            ref = model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=-1, eos_token_id=-1, **kw)
+            model.to("tpu")
+            try:
+                out = model.generate(x.to("tpu"), max_new_tokens=4, do_sample=False, pad_token_id=-1, eos_token_id=-1, **kw)
+                seqs = lambda o: (o.sequences if kw else o).cpu()
+                r["pad_never_generated"][f"{name}/{rows}"] = torch.equal(seqs(out), seqs(ref))
+            except Exception as error:
+                r["pad_never_generated"][f"{name}/{rows}"] = f"{type(error).__name__}: {error}"[:200]
+
 # 5. Assisted decoding and prompt lookup, inputs on the TPU (left to upstream, never a crash).
 model.to("cpu")
 assistant = tiny_model("qwen3", seed=1)
@@ -264,6 +305,26 @@ def test_the_default_cache_returned_is_upstreams_dynamic_cache(seen):
     assert r["tpu"] == r["cpu"]
     assert r["tpu"]["type"] == "DynamicCache" and r["tpu"]["length"] == 15 and r["tpu"]["rows"] == 3
     assert r["keys_close"] and r["sequences_equal"]
+
+
+def test_returned_attentions_and_hidden_states_have_upstreams_shapes(seen):
+    r = seen["attentions"]
+    assert "error" not in r, r
+    assert r["tpu"] == r["cpu"]
+    assert r["tpu"]["attentions"][0][-1] == 10  # the prefill attends to the 10 prompt positions, not a cache
+
+
+def test_the_cache_returned_after_inputs_embeds_holds_the_prompt(seen):
+    r = seen["embeds_cache"]
+    assert "error" not in r, r
+    assert r["tpu"] == r["cpu"] == [[2, 2, 12, 8], "DynamicCache"]  # 10 prompt positions + 2 generated
+    assert r["close"]
+
+
+def test_an_invalid_pad_token_id_never_reaches_a_dummy_row(seen):
+    assert seen["pad_never_generated"] == {
+        f"{loop}/{rows}": True for loop in ("device_loop", "host_loop") for rows in (3, 13)
+    }
 
 
 @pytest.mark.parametrize("mode", ["lookup", "assisted"])

@@ -50,7 +50,7 @@ def test_calls_left_entirely_to_upstream(facts, reason):
         (replace(inputs="inputs_embeds", ids_bucketable=False), "not a 2D tensor"),
         (replace(other_batched_inputs=True), "other per-row inputs"),
         (replace(accepts_attention_mask=False), "no attention mask"),
-        (replace(outputs_attentions_or_states=True), "attentions"),
+        (replace(outputs_attentions_or_states=True, cache_implementation="static"), "attentions"),
         (replace(guidance=True), "guidance"),
     ],
 )
@@ -58,6 +58,12 @@ def test_handled_but_not_bucketed(facts, reason):
     result = plan(facts)
     assert not result.upstream and not result.bucket
     assert reason in result.reason
+
+
+def test_returned_attentions_keep_upstreams_dynamic_cache():
+    # Attentions (and the cache returned with them) are as wide as the cache: a static one changes them.
+    result = plan(replace(returns_cache=True, outputs_attentions_or_states=True))
+    assert not result.static_cache and not result.bucket
 
 
 def test_inputs_embeds_still_get_the_static_cache():

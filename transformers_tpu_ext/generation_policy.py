@@ -104,6 +104,8 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
         and facts.use_cache
         and not facts.disable_compile
         and facts.supports_default_cache
+        # Returned attentions are as wide as the cache: a static one would change their shapes.
+        and not facts.outputs_attentions_or_states
     )
     static = use_static or default_static
     why_not = _why_not_bucketed(facts, static, bucketing)

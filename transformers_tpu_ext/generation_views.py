@@ -7,7 +7,8 @@ a view that removes both:
 - logits processors (the user's, ``prefix_allowed_tokens_fn`` and the ones upstream builds from the
   generation config) get ``input_ids[:real, pad:]`` and ``scores[:real]``; the dummy rows keep their
   raw scores;
-- stopping criteria get the same ``input_ids`` (and scores); the dummy rows are reported finished;
+- stopping criteria get the same ``input_ids`` (and scores); a dummy row reports what the first row
+  reports;
 - a streamer gets the real rows, and the prompt without the padding columns.
 
 Rows are grouped as upstream groups them (``num_return_sequences`` / beams after each batch entry,
@@ -78,7 +79,12 @@ class ProcessorsView:
 
 
 class CriteriaView:
-    """A ``StoppingCriteriaList`` called with the user's rows and lengths; dummy rows report done."""
+    """A ``StoppingCriteriaList`` called with the user's rows and lengths.
+
+    A dummy row reports what the first row reports: it never keeps the loop running longer than a
+    real row, and it is fed the pad token exactly when the first row is (upstream feeds finished rows
+    ``pad_token_id``, which may be no valid token at all, e.g. ``-1``, when no row ever finishes).
+    """
 
     def __init__(self, criteria: Any, padding: Padding) -> None:
         self.criteria = criteria
@@ -98,7 +104,7 @@ class CriteriaView:
         done = self.criteria(padding.ids(input_ids), user_scores, **kwargs)
         if real == rows:
             return done
-        return torch.cat([done, torch.ones(rows - real, dtype=done.dtype, device=done.device)])
+        return torch.cat([done, done[:1].expand(rows - real)])
 
     def __iter__(self) -> Any:
         return iter(self.criteria)

@@ -43,11 +43,12 @@ def layers_replaced(cache: Any) -> bool:
     return any(getattr(layer, "_tpu_ext_replaced", False) for layer in getattr(cache, "layers", ()))
 
 
-def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, written: int, length: int) -> Any:
+def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, length: int) -> Any:
     """The cache upstream would have returned: its type and length, the caller's rows, no padding.
 
-    ``written`` is how many positions (padding included) the loop wrote. Sliding-window layers are
-    rebuilt by the new cache's own ``update``, which keeps what upstream's would keep.
+    Each layer gives the positions it wrote (padding included: its length tensor, read once).
+    Sliding-window layers are rebuilt by the new cache's own ``update``, which keeps what upstream's
+    would keep.
     """
     from transformers.cache_utils import DynamicCache, StaticCache
 
@@ -59,6 +60,7 @@ def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, written
     for index, layer in enumerate(cache.layers):
         keys, values = layer.keys, layer.values
         rows = padding.real_rows(keys.shape[0])
+        written = int(layer.get_seq_length())
         fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
     return fresh
 

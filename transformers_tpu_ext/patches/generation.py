@@ -402,7 +402,7 @@ def _restore(result: Any, state: _Call, device: Any, model: Any) -> Any:
             state.plan.bucket or state.plan.static_cache or static_cache.layers_replaced(result.cache)
         ):
             result.cache = static_cache.as_upstream_returns(
-                model, result.cache, state.user_cache_kind, state.padding, sequences.shape[1] - 1, state.upstream_cache_length
+                model, result.cache, state.user_cache_kind, state.padding, state.upstream_cache_length
             )
         result.sequences = fix(sequences, sequence=True)
         for name in ("scores", "logits"):
