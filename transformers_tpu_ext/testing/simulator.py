@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import compile_backend, device, process_group
+from . import compile_backend, device, pinned, process_group
 from .chips import CHIPS, parse_bytes
 from .counters import Counters
 
@@ -203,6 +203,7 @@ def _register_torch() -> None:
     device.register(torch.device("tpu", 0))
     process_group.register()
     compile_backend.register()
+    pinned.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
 
 
