@@ -161,7 +161,7 @@ class TpuTensor(torch.Tensor):
     # this way). PyTorch's own machinery (deepcopy, TorchDynamo's fakeification) keeps seeing
     # the wrapper's own, empty storage.
     def untyped_storage(self) -> Any:
-        if _user_caller(self):
+        if _user_caller(self) or _fsdp_caller(self):
             return self._cpu.untyped_storage()
         return torch.Tensor.untyped_storage(self)
 
@@ -201,6 +201,18 @@ def _user_caller(t: TpuTensor) -> bool:
         return False
     caller = sys._getframe(2).f_globals.get("__name__", "")
     return caller != "torch" and not caller.startswith("torch.")
+
+
+#: Modules that free and re-allocate device memory through ``untyped_storage().resize_()``.
+_STORAGE_RESIZERS = ("torch.distributed.fsdp.",)
+
+
+def _fsdp_caller(t: TpuTensor) -> bool:
+    """FSDP2 frees its all-gather buffers with ``untyped_storage().resize_(0)`` and re-allocates them
+    the same way: it gets the data's storage, which can be resized (the wrapper's own is empty)."""
+    if type(t._cpu) is not torch.Tensor or _get_mode(_FAKE) is not None:
+        return False
+    return sys._getframe(2).f_globals.get("__name__", "").startswith(_STORAGE_RESIZERS)
 
 
 def _is_tpu_wrapper(x: Any) -> bool:
