@@ -181,6 +181,15 @@ class TpuTensor(torch.Tensor):
             )
         return self.cpu().numpy()
 
+    def __reduce_ex__(self, proto: int) -> Any:
+        """Pickle (``torch.save``) as a plain tensor of a storage-less device, as torch_tpu's are: the
+        host copy and ``"tpu:0"``, rebuilt by ``_rebuild_device_tensor_from_cpu_tensor``, which
+        ``torch.load(weights_only=True)`` allows and which honours ``map_location``."""
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (self._cpu.detach().clone(), self.dtype, str(self.device), self.requires_grad),
+        )
+
     # TorchDynamo / AOTAutograd see through the wrapper.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         return ["_cpu"], None
@@ -288,6 +297,17 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if out.__class__ is torch.Tensor and not out.is_meta:
         return TpuTensor._wrap_cpu(out)
     return _wrap(out)
+
+
+def _run_generic(func: Any, args: tuple, kwargs: dict) -> Any:
+    """:func:`_dispatch` without ``func``'s special handler: for handlers that wrap the generic path
+    (``random_ops``)."""
+    info = _info(func)
+    special, info.special = info.special, None
+    try:
+        return _dispatch(func, args, kwargs)
+    finally:
+        info.special = special
 
 
 def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[int, Any] | None) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import compile_backend, device, pinned, process_group
+from . import autocast, compile_backend, device, pinned, process_group, random_ops, serialization
 from .chips import CHIPS, parse_bytes
 from .counters import Counters
 
@@ -204,6 +204,9 @@ def _register_torch() -> None:
     process_group.register()
     compile_backend.register()
     pinned.register()
+    serialization.register()
+    autocast.register()
+    random_ops.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
 
 
