@@ -25,4 +25,10 @@ REGISTRY: tuple[str, ...] = (
     "generation",
     "tp_plan_rewrite",
     "tp_kv_cache",
+    "torch_ddp",
+    "accelerate_state",
+    "accelerate_dynamo",
+    "accelerate_prepare",
+    "transformers_training_args",
+    "transformers_trainer",
 )
