@@ -1,6 +1,6 @@
 """Training on one (simulated) TPU chip: plain Trainer and Accelerate code, compared with the CPU.
 
-Patches ``accelerate_state``, ``accelerate_dynamo``, ``accelerate_prepare``, ``torch_ddp``,
+Patches ``accelerate_state``, ``accelerate_dataclasses``, ``accelerate_prepare``, ``torch_ddp``,
 ``transformers_training_args``, ``transformers_trainer``; policy in ``batch_buckets`` and
 ``training_policy``. Every run uses the tiny context-sensitive Qwen3 and sequences of 8..120 tokens.
 """
@@ -26,7 +26,7 @@ from _subprocess import run_python  # noqa: E402
 
 TOLERANCE = 1e-3
 TRAINING_PATCHES = (
-    "accelerate_state", "accelerate_dynamo", "accelerate_prepare", "torch_ddp",
+    "accelerate_state", "accelerate_dataclasses", "accelerate_prepare", "torch_ddp",
     "transformers_training_args", "transformers_trainer",
 )
 
@@ -347,7 +347,7 @@ def test_dynamo_backend_accepts_tpu_only_on_tpu(simulated_tpu):
 
     plugin = TorchDynamoPlugin(backend="tpu")
     assert plugin.backend is DynamoBackend("TPU") and plugin.to_kwargs() == {"backend": "tpu", "dynamic": False}
-    with patches_disabled("accelerate_dynamo"):
+    with patches_disabled("accelerate_dataclasses"):
         with pytest.raises(ValueError, match="not a valid DynamoBackend"):
             TorchDynamoPlugin(backend="tpu")
     assert os.environ.get("TRANSFORMERS_TPU_EXT_DISABLE") is None

@@ -1,6 +1,6 @@
 """Training on TPU: the decisions, as plain functions over plain data (no torch, no transformers).
 
-The patches (``patches/accelerate_state.py``, ``accelerate_dynamo.py``, ``accelerate_prepare.py``,
+The patches (``patches/accelerate_state.py``, ``accelerate_dataclasses.py``, ``accelerate_prepare.py``,
 ``torch_ddp.py``, ``transformers_training_args.py``, ``transformers_trainer.py``) only glue these
 into Accelerate and Transformers. See ``docs/training.md``.
 

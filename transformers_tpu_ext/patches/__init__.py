@@ -27,7 +27,7 @@ REGISTRY: tuple[str, ...] = (
     "tp_kv_cache",
     "torch_ddp",
     "accelerate_state",
-    "accelerate_dynamo",
+    "accelerate_dataclasses",
     "accelerate_prepare",
     "transformers_training_args",
     "transformers_trainer",

@@ -6,8 +6,8 @@ On a TPU host, and only there:
 - ``Accelerator.prepare_model``: after upstream prepared a model for training, a run whose
   processes would each train their own copy (several processes and no DDP/FSDP2 wrapping, or a
   launcher that started several processes while Accelerate set up one) raises ``RuntimeError``
-  saying what to do, before the first step (:func:`training_policy.replica_problem`). FSDP1 is
-  refused the same way (FSDP2 is supported).
+  saying what to do, before the first step (:func:`training_policy.replica_problem`). (FSDP1 is
+  refused earlier, when its plugin is made: ``accelerate_dataclasses``; FSDP2 is supported.)
 - ``Accelerator.prepare_optimizer``: an optimizer with ``capturable`` (Adam, AdamW, ...) gets
   ``capturable=True`` and a 0-dim tensor learning rate (moved to the chip with the optimizer state;
   a schedule fills it in place), before upstream wraps it: no Python float that changes at every
@@ -76,8 +76,8 @@ def replica_problem(accelerator: Any, model: Any) -> str | None:
 
 def _prepare_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wrapper for ``prepare_model(model, device_placement=None, evaluation_mode=False)``."""
-    model = wrapped(*args, **kwargs)
     evaluation = args[2] if len(args) > 2 else kwargs.get("evaluation_mode", False)
+    model = wrapped(*args, **kwargs)
     if evaluation or not (backend.tpu_available() and backend.is_tpu(getattr(instance, "device", None))):
         return model
     try:

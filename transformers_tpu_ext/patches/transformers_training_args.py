@@ -5,7 +5,7 @@ an HPU or a Neuron device; inductor cannot compile TPU graphs (torch_tpu 0.2.0 f
 its Pallas kernels), and the TPU backend rejects every ``torch_compile_mode`` but the default. On a
 TPU host (and not ``use_cpu``), before upstream's ``__post_init__`` runs, a requested compilation
 gets the ``tpu`` backend; an explicit backend or mode the TPU cannot run is replaced with one
-warning (:func:`training_policy.adapt_compile`). The ``accelerate_dynamo`` patch makes Accelerate
+warning (:func:`training_policy.adapt_compile`). The ``accelerate_dataclasses`` patch makes Accelerate
 accept ``"tpu"``. Off TPU nothing changes.
 """
 

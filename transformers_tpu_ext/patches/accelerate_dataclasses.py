@@ -1,4 +1,5 @@
-"""Accelerate: ``TorchDynamoPlugin(backend="tpu")`` compiles with torch_tpu's backend.
+"""Accelerate's plugin dataclasses on TPU: ``TorchDynamoPlugin(backend="tpu")`` compiles with
+torch_tpu's backend, and FSDP configurations that cannot run say so.
 
 Accelerate validates the compile backend against its ``DynamoBackend`` enum, which lists
 ``HPU_BACKEND`` and ``NEURON`` for those accelerators but no ``TPU``: ``torch_compile_backend="tpu"``
@@ -10,16 +11,23 @@ fails exactly as upstream's.
 ``TorchDynamoPlugin.__post_init__``: with the ``tpu`` backend and ``dynamic`` unset, ``dynamic=False``
 (torch_tpu's own ``torch.compile`` default for TPU backends: a TPU program has static shapes, and
 the batches are bucketed), as the Trainer already does for Neuron.
+
+``FullyShardedDataParallelPlugin.__post_init__``: on a TPU host, FSDP1 (``fsdp_version=1``) is refused
+with a message naming FSDP2, which works (see the ``accelerate_prepare`` patch); upstream would fail
+later, or at once with ``There are currently no available devices found, must be one of 'XPU',
+'CUDA', ...`` when it looks for a device for ``sync_module_states`` (as it also does for FSDP2 with
+``cpu_ram_efficient_loading``): that error gets a TPU explanation.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from .. import backend, training_policy
 from ._wrap import Wraps, fail_safe
 
-NAME = "accelerate_dynamo"
+NAME = "accelerate_dataclasses"
 TARGET = "accelerate.utils.dataclasses"
 DISTRIBUTION = "accelerate"
 
@@ -55,11 +63,39 @@ def _post_init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: 
     return result
 
 
+#: What FSDP on TPU supports, for the error messages.
+FSDP_ON_TPU = (
+    "On TPU, use FSDP2 (fsdp_version=2: fsdp_config={'version': 2} in TrainingArguments, the default) "
+    "without cpu_ram_efficient_loading / sync_module_states, or DDP."
+)
+
+
+def _fsdp_post_init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not backend.tpu_available():
+        return wrapped(*args, **kwargs)
+    version = instance.fsdp_version
+    if version is None:
+        version = int(os.environ.get("FSDP_VERSION", "1"))
+    if int(version) == 1:
+        raise RuntimeError(f"transformers-tpu-ext: FSDP1 (FullyShardedDataParallel) is not supported on TPU. {FSDP_ON_TPU}")
+    try:
+        return wrapped(*args, **kwargs)
+    except RuntimeError as error:
+        if "no available devices found" not in str(error):
+            raise
+        raise RuntimeError(
+            "transformers-tpu-ext: FSDP's sync_module_states (set by cpu_ram_efficient_loading) needs a device "
+            f"Accelerate knows, and it does not know the TPU. {FSDP_ON_TPU}"
+        ) from error
+
+
 def apply(module: Any) -> None:
     if _wraps:
         return
     _wraps.wrap(module, "DynamoBackend._missing_", fail_safe(_missing))
     _wraps.wrap(module, "TorchDynamoPlugin.__post_init__", fail_safe(_post_init))
+    # Raises on purpose (configurations a user chose): not fail_safe.
+    _wraps.wrap(module, "FullyShardedDataParallelPlugin.__post_init__", _fsdp_post_init)
 
 
 def revert() -> None:
