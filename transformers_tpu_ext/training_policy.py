@@ -22,6 +22,7 @@ from typing import Any
 __all__ = [
     "COMPILE_BACKEND",
     "PROCESS_GROUP_BACKENDS",
+    "UnsupportedBackend",
     "adapt_compile",
     "compiles_optimizer_step",
     "optimizer_overrides",
@@ -41,14 +42,19 @@ _LAUNCH_HINT = (
 )
 
 
+class UnsupportedBackend(ValueError):
+    """A process-group backend that cannot reduce TPU tensors was requested."""
+
+
 def process_group_backend(requested: str | None) -> str:
     """The process-group backend for TPU training, given the one the user asked for (or ``None``).
 
-    Raises ``ValueError`` for a backend that cannot reduce TPU tensors (``nccl``, ``gloo``, ...).
+    Raises :class:`UnsupportedBackend` (a ``ValueError``) for a backend that cannot reduce TPU
+    tensors (``nccl``, ``gloo``, ...).
     """
     if requested is None or requested in PROCESS_GROUP_BACKENDS:
         return requested or PROCESS_GROUP_BACKENDS[0]
-    raise ValueError(
+    raise UnsupportedBackend(
         f"ddp_backend/backend={requested!r} cannot reduce TPU tensors: on TPU the process group is "
         f"'tpu_dist'. Leave the backend unset (or pass 'tpu_dist')."
     )

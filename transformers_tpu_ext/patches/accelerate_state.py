@@ -28,7 +28,7 @@ import sys
 from typing import Any, Callable
 
 from .. import backend, training_policy
-from ._wrap import Wraps, fail_safe
+from ._wrap import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_state"
 TARGET = "accelerate.state"
@@ -54,8 +54,11 @@ def on_tpu_process_group(state: Any) -> bool:
 def _default_device(original: property) -> property:
     def fget(self: Any) -> Any:
         device = original.fget(self)
-        if getattr(device, "type", None) == "cpu" and backend.tpu_available():
-            return _tpu_device()
+        try:
+            if getattr(device, "type", None) == "cpu" and backend.tpu_available():
+                return _tpu_device()
+        except Exception as error:  # noqa: BLE001 - a bug of ours never breaks Accelerator()
+            warn_once(f"choosing the TPU as Accelerate's device failed ({type(error).__name__}: {error})")
         return device
 
     fget.__doc__ = original.__doc__
@@ -66,6 +69,16 @@ def _default_device(original: property) -> property:
 def _prepare_backend(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wrapper for ``_prepare_backend(cpu=False, sagemaker_dp=False, backend=None)``."""
     result = wrapped(*args, **kwargs)
+    try:
+        return _tpu_backend(result, args, kwargs)
+    except training_policy.UnsupportedBackend:
+        raise  # the user's choice, refused with what to do
+    except Exception as error:  # noqa: BLE001 - a bug of ours never breaks PartialState()
+        warn_once(f"choosing the TPU process group failed ({type(error).__name__}: {error}); Accelerate's choice stands")
+        return result
+
+
+def _tpu_backend(result: Any, args: tuple, kwargs: dict) -> Any:
     cpu = args[0] if args else kwargs.get("cpu", False)
     requested = args[2] if len(args) > 2 else kwargs.get("backend")
     _, distributed_type = result
@@ -99,10 +112,11 @@ def apply(module: Any) -> None:
         return
     state = module.PartialState
     _wraps.replace(state, "default_device", _default_device(vars(state)["default_device"]))
-    # Errors users cause (a backend that cannot reduce TPU tensors) must surface: not fail_safe.
+    # A backend that cannot reduce TPU tensors is the user's error and must surface: not fail_safe
+    # (the wrapper guards its own code itself).
     _wraps.wrap(module, "PartialState._prepare_backend", _prepare_backend)
     _wraps.wrap(module, "PartialState.set_device", fail_safe(_set_device))
-    _wraps.wrap(module, "PartialState.wait_for_everyone", _wait_for_everyone)
+    _wraps.wrap(module, "PartialState.wait_for_everyone", fail_safe(_wait_for_everyone))
 
 
 def revert() -> None:
