@@ -40,7 +40,12 @@ def run(scenario: dict, out: Path, rank: int) -> dict:
         except RuntimeError as error:
             return {"error": str(error)}
         return {"error": None}
-    run = _training.trainer(str(out / scenario["name"]), use_cpu=False, **settings)
+    counter = _training.step_counter(sim)
+    run = _training.trainer(str(out / scenario["name"]), use_cpu=False, callbacks=[counter], **settings)
+    if scenario.get("warmup"):
+        from transformers_tpu_ext.training import warmup
+
+        warmup(run, max_length=scenario["warmup"])
     run.train()
     result = {
         "world": run.args.world_size,
@@ -52,6 +57,7 @@ def run(scenario: dict, out: Path, rank: int) -> dict:
         "losses": _training.losses(run),
         "params_on_tpu": all(p.device.type == "tpu" for p in run.model.parameters()),
         "synchronizations": sim.synchronizations - syncs,
+        "programs_per_step": [c.programs for c in counter.steps],
     }
     result["digest"] = parameter_digest(run.model)
     return result

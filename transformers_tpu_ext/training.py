@@ -244,7 +244,7 @@ def _track_loss(loss: Any) -> None:
     torch.zeros((), dtype=loss.dtype, device=loss.device).add_(loss)
 
 
-class _WarmupCallback:
+class _Warmup:
     """Runs :func:`warmup`'s steps when training begins (the model, optimizer and schedule exist)."""
 
     def __init__(self, trainer: Any, max_length: int | None, lengths: Iterable[int] | None) -> None:
@@ -253,11 +253,6 @@ class _WarmupCallback:
         self.requested = None if lengths is None else sorted({int(n) for n in lengths})
         #: the sequence lengths warmed up (filled when training begins)
         self.lengths: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("on_"):  # every other TrainerCallback event: nothing to do
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.lengths or state.global_step:  # once, and not when resuming mid-run
@@ -295,7 +290,7 @@ class _WarmupCallback:
         self.lengths = lengths
 
 
-def warmup(trainer: Any, max_length: int | None = None, lengths: Iterable[int] | None = None) -> _WarmupCallback:
+def warmup(trainer: Any, max_length: int | None = None, lengths: Iterable[int] | None = None) -> Any:
     """Compile, when ``trainer.train()`` begins, the programs of every sequence bucket up to ``max_length``.
 
     One training step (forward, backward, gradient clipping, optimizer and schedule) runs per bucket
@@ -307,6 +302,8 @@ def warmup(trainer: Any, max_length: int | None = None, lengths: Iterable[int] |
     """
     if max_length is None and lengths is None:
         raise ValueError("warmup(trainer, max_length=...) needs the longest sequence length to warm up (or lengths=[...])")
-    callback = _WarmupCallback(trainer, max_length, lengths)
+    from transformers import TrainerCallback
+
+    callback = type("TPUWarmupCallback", (_Warmup, TrainerCallback), {})(trainer, max_length, lengths)
     trainer.add_callback(callback)
     return callback

@@ -73,7 +73,7 @@ FSDP_ON_TPU = (
 def _fsdp_post_init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     if not backend.tpu_available():
         return wrapped(*args, **kwargs)
-    version = instance.fsdp_version
+    version = getattr(instance, "fsdp_version", None)  # Accelerate < 1.6 has FSDP1 only
     if version is None:
         version = int(os.environ.get("FSDP_VERSION", "1"))
     if int(version) == 1:

@@ -10,7 +10,8 @@ The wrappers follow what Accelerate does for its other accelerators (HPU, Neuron
 - ``PartialState.default_device`` (a property): ``tpu`` when the host has a TPU and upstream found
   nothing better than ``cpu``. ``cpu=True`` / ``use_cpu`` and ``ACCELERATE_TORCH_DEVICE`` still win.
 - ``PartialState._prepare_backend``: in a launched process (``LOCAL_RANK`` set, not ``cpu``) on a TPU
-  host where upstream found no accelerator, the run is multi-process on the ``tpu_dist`` process group
+  host where upstream found no accelerator (``NO``, or Accelerate 1.1's fallback to ``MULTI_CPU`` on
+  gloo), the run is multi-process on the ``tpu_dist`` process group
   (``DistributedType.MULTI_GPU``: Accelerate's "one accelerator per process, DDP" type; it has no TPU
   member). A backend that cannot reduce TPU tensors is refused (:mod:`training_policy`).
 - ``PartialState.set_device``: on that process group every process is bound to ``tpu:0`` (the index
@@ -86,7 +87,8 @@ def _tpu_backend(result: Any, args: tuple, kwargs: dict) -> Any:
         return result
     from accelerate.utils import DistributedType
 
-    if distributed_type != DistributedType.NO:
+    # No accelerator found: NO (Accelerate >= 1.2), or its CPU fallback, MULTI_CPU on gloo (1.1).
+    if distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU):
         return result
     return training_policy.process_group_backend(requested), DistributedType.MULTI_GPU
 
