@@ -351,3 +351,31 @@ def test_dynamo_backend_accepts_tpu_only_on_tpu(simulated_tpu):
         with pytest.raises(ValueError, match="not a valid DynamoBackend"):
             TorchDynamoPlugin(backend="tpu")
     assert os.environ.get("TRANSFORMERS_TPU_EXT_DISABLE") is None
+
+
+def test_simulator_saves_casts_drops_out_and_synchronizes_like_a_device(simulated_tpu, tmp_path):
+    # torch.save / torch.load(weights_only=True) of tpu tensors, map_location honoured
+    path = tmp_path / "state.pt"
+    torch.save({"w": torch.arange(4.0, device="tpu"), "step": torch.tensor(3.0, device="tpu")}, path)
+    on_tpu, on_cpu = torch.load(path, weights_only=True), torch.load(path, weights_only=True, map_location="cpu")
+    assert on_tpu["w"].device.type == "tpu" and on_cpu["w"].device.type == "cpu"
+    assert on_tpu["w"].cpu().tolist() == on_cpu["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    # bf16 autocast on tpu computes what CPU autocast computes
+    linear, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = linear(x)
+    linear.to("tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        got = linear(x.to("tpu"))
+    assert got.dtype == torch.bfloat16 and torch.equal(got.cpu(), expected)
+    # dropout draws from the TPU's generator, not the CPU's
+    cpu_state, ones = torch.random.get_rng_state(), torch.ones(64, device="tpu")
+    torch.tpu.manual_seed(3)
+    first = torch.nn.functional.dropout(ones, 0.5).cpu()
+    torch.tpu.manual_seed(3)
+    assert torch.equal(torch.nn.functional.dropout(ones, 0.5).cpu(), first)
+    assert torch.equal(torch.random.get_rng_state(), cpu_state)
+    # torch.accelerator.synchronize() works and is counted
+    before = simulated_tpu.synchronizations
+    torch.accelerator.synchronize()
+    assert simulated_tpu.synchronizations == before + 1
