@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import _training
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_train.py"
 
 
@@ -37,6 +39,7 @@ def test_bucket_policies_are_compared_on_the_same_batches():
 
 
 @pytest.mark.slow
+@_training.requires_trainer
 def test_quick_run_prints_the_json_report(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
     out = tmp_path / "train.json"

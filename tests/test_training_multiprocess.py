@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 import _training  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, _training.requires_trainer]
 
 WORKER = Path(__file__).with_name("training_worker.py")
 TOLERANCE = 1e-3
