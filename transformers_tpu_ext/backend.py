@@ -20,7 +20,9 @@ from .topology import normalize_generation
 
 DEVICE_TYPE = "tpu"
 
-__all__ = ["DEVICE_TYPE", "ChipInfo", "chip_info", "device_count", "is_tpu", "tpu_available"]
+__all__ = [
+    "DEVICE_TYPE", "ChipInfo", "chip_info", "device_count", "is_tpu", "rng_state", "set_rng_state", "tpu_available",
+]
 
 
 def _torch() -> Any:
@@ -83,3 +85,17 @@ def chip_info() -> ChipInfo | None:
         total_memory=int(props.total_memory),
         count=device_count(),
     )
+
+
+def rng_state() -> Any:
+    """The random state of this process's chip (a CPU ``ByteTensor``).
+
+    Through ``torch.tpu.default_generators``, public in torch_tpu 0.2.0: ``torch.tpu.get_rng_state()``
+    is internal to torch_tpu and raises for user code.
+    """
+    return getattr(_torch(), DEVICE_TYPE).default_generators[0].get_state()
+
+
+def set_rng_state(state: Any) -> None:
+    """Restore a state :func:`rng_state` returned."""
+    getattr(_torch(), DEVICE_TYPE).default_generators[0].set_state(state)

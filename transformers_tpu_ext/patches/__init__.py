@@ -27,4 +27,10 @@ REGISTRY: tuple[str, ...] = (
     "tp_plan_rewrite",
     "tp_kv_cache",
     "continuous_batching",
+    "torch_ddp",
+    "accelerate_state",
+    "accelerate_dataclasses",
+    "accelerate_prepare",
+    "transformers_training_args",
+    "transformers_trainer",
 )

@@ -161,7 +161,7 @@ class TpuTensor(torch.Tensor):
     # this way). PyTorch's own machinery (deepcopy, TorchDynamo's fakeification) keeps seeing
     # the wrapper's own, empty storage.
     def untyped_storage(self) -> Any:
-        if _user_caller(self):
+        if _user_caller(self) or _fsdp_caller(self):
             return self._cpu.untyped_storage()
         return torch.Tensor.untyped_storage(self)
 
@@ -180,6 +180,15 @@ class TpuTensor(torch.Tensor):
                 "tensor to host memory first."
             )
         return self.cpu().numpy()
+
+    def __reduce_ex__(self, proto: int) -> Any:
+        """Pickle (``torch.save``) as a plain tensor of a storage-less device, as torch_tpu's are: the
+        host copy and ``"tpu:0"``, rebuilt by ``_rebuild_device_tensor_from_cpu_tensor``, which
+        ``torch.load(weights_only=True)`` allows and which honours ``map_location``."""
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (self._cpu.detach().clone(), self.dtype, str(self.device), self.requires_grad),
+        )
 
     # TorchDynamo / AOTAutograd see through the wrapper.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
@@ -201,6 +210,18 @@ def _user_caller(t: TpuTensor) -> bool:
         return False
     caller = sys._getframe(2).f_globals.get("__name__", "")
     return caller != "torch" and not caller.startswith("torch.")
+
+
+#: Modules that free and re-allocate device memory through ``untyped_storage().resize_()``.
+_STORAGE_RESIZERS = ("torch.distributed.fsdp.",)
+
+
+def _fsdp_caller(t: TpuTensor) -> bool:
+    """FSDP2 frees its all-gather buffers with ``untyped_storage().resize_(0)`` and re-allocates them
+    the same way: it gets the data's storage, which can be resized (the wrapper's own is empty)."""
+    if type(t._cpu) is not torch.Tensor or _get_mode(_FAKE) is not None:
+        return False
+    return sys._getframe(2).f_globals.get("__name__", "").startswith(_STORAGE_RESIZERS)
 
 
 def _is_tpu_wrapper(x: Any) -> bool:
@@ -276,6 +297,17 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if out.__class__ is torch.Tensor and not out.is_meta:
         return TpuTensor._wrap_cpu(out)
     return _wrap(out)
+
+
+def _run_generic(func: Any, args: tuple, kwargs: dict) -> Any:
+    """:func:`_dispatch` without ``func``'s special handler: for handlers that wrap the generic path
+    (``random_ops``)."""
+    info = _info(func)
+    special, info.special = info.special, None
+    try:
+        return _dispatch(func, args, kwargs)
+    finally:
+        info.special = special
 
 
 def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[int, Any] | None) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import compile_backend, device, process_group
+from . import autocast, compile_backend, device, pinned, process_group, random_ops, serialization, synchronize
 from .chips import CHIPS, parse_bytes
 from .counters import Counters
 
@@ -38,6 +38,8 @@ class SimulatedTPU:
         self._graphs_compiled = 0
         #: kwargs of every ``torch.tpu.distributed.set_tpu_launch_env`` call in this process.
         self.launch_env_calls: list[dict[str, Any]] = []
+        #: ``torch.accelerator.synchronize()`` calls on the TPU in this process (see ``synchronize.py``).
+        self.synchronizations = 0
 
     # -- configuration -------------------------------------------------------------------------
     def configure(
@@ -203,6 +205,11 @@ def _register_torch() -> None:
     device.register(torch.device("tpu", 0))
     process_group.register()
     compile_backend.register()
+    pinned.register()
+    serialization.register()
+    autocast.register()
+    random_ops.register()
+    synchronize.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "check_context_sensitive",
     "save_tiny_model",
     "tiny_config",
+    "tiny_lm_dataset",
     "tiny_model",
     "tiny_tokenizer",
 ]
@@ -205,3 +206,20 @@ def save_tiny_model(path: str | os.PathLike[str], arch: str = "qwen3", seed: int
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def tiny_lm_dataset(
+    num_examples: int = 96, min_length: int = 8, max_length: int = 120, seed: int = 0, vocab_size: int | None = None
+) -> list[dict[str, list[int]]]:
+    """A causal-LM training set: ``num_examples`` token lists of lengths drawn in ``[min_length, max_length]``.
+
+    Seeded; token ids avoid 0 (padding) and 1 (end of sequence). Feed it to a ``Trainer`` with
+    ``DataCollatorForLanguageModeling(tiny_tokenizer(), mlm=False)``, which pads each batch and
+    copies the ids to the labels (padding ignored).
+    """
+    import torch
+
+    vocab = vocab_size or len(tiny_tokenizer())
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_length, max_length + 1, (num_examples,), generator=gen).tolist()
+    return [{"input_ids": torch.randint(2, vocab, (n,), generator=gen).tolist()} for n in lengths]
