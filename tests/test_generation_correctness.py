@@ -148,9 +148,11 @@ def _():
 # inputs_embeds holds the prompt; an invalid pad id reaches no dummy row of a padded batch.
 @section("attentions")
 def _():
+    eager = tiny_model("qwen3", seed=0)
+    eager.set_attn_implementation("eager")  # SDPA returns no attention weights
     def shapes(device):
-        model.to(device)
-        out = model.generate(ids[:2].to(device), max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+        eager.to(device)
+        out = eager.generate(ids[:2].to(device), max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
                              output_attentions=True, output_hidden_states=True)
         return dict(attentions=[list(step[0].shape) for step in out.attentions],
                     hidden=[list(step[0].shape) for step in out.hidden_states], sequences=out.sequences.cpu().tolist())
