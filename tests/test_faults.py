@@ -168,6 +168,53 @@ def test_bug_in_the_accelerate_memory_wrapper_still_returns_upstreams_answer(plu
     assert calls == ["split_tpu_entry"]
 
 
+def test_bug_in_the_hub_kernel_wrappers_still_calls_upstream(plugin, monkeypatch):
+    # A failure of ours in the checks falls back to upstream: the user sees upstream's own answer.
+    import transformers.integrations.hub_kernels as hub
+
+    from transformers_tpu_ext.patches import hub_kernels
+
+    assert {"hub_kernels", "use_kernels"} <= set(ext.active_patches())
+    model = tiny.tiny_model("llama", vocab_size=128).to("tpu")
+    upstream = {}
+    for name, call in {
+        "kernelize": lambda: hub.kernelize(model),
+        "set_use_kernels": lambda: model.set_use_kernels(True),
+        "load_and_register_attn_kernel": lambda: hub.load_and_register_attn_kernel("sdpa"),
+    }.items():
+        with monkeypatch.context() as m:
+            m.setattr(hub_kernels, "jax_installed", lambda: True)  # our checks pass: upstream's answer
+            upstream[name] = _outcome(call)
+        calls: list[str] = []
+        with monkeypatch.context() as m:
+            m.setattr(hub_kernels.backend, "is_tpu", _breaker(calls, "is_tpu"))
+            m.setattr(hub_kernels.backend, "tpu_available", _breaker(calls, "tpu_available"))
+            broken = _outcome(call)
+        assert calls, f"{name}: the wrapper's logic never ran"
+        assert broken == upstream[name], name
+
+
+def test_the_missing_jax_error_is_the_users_and_is_not_swallowed(plugin, monkeypatch):
+    monkeypatch.setattr(hub_kernels_module(), "jax_installed", lambda: False)
+    model = tiny.tiny_model("llama", vocab_size=128).to("tpu")
+    with pytest.raises(ImportError, match="jax"):
+        model.set_use_kernels(True)
+
+
+def hub_kernels_module():
+    from transformers_tpu_ext.patches import hub_kernels
+
+    return hub_kernels
+
+
+def _outcome(call) -> str:
+    try:
+        result = call()
+    except Exception as error:  # noqa: BLE001 - compared as text with the unbroken call's
+        return f"raised {type(error).__name__}: {error}"
+    return f"returned {type(result).__name__}"
+
+
 # --------------------------------------------------------------------------------------------------
 # The entry point failing
 
