@@ -20,6 +20,7 @@ REGISTRY: tuple[str, ...] = (
     "accelerate_offload",
     "transformers_device_map",
     "transformers_tied_weights",
+    "transformers_pipeline_device",
     "hub_kernels",
     "use_kernels",
     "generation",
