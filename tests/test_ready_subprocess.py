@@ -91,14 +91,19 @@ def test_warnings_as_errors_never_fail_import_torch(environ):
         assert variable in proc.stderr
 
 
+# Also the README's check (Usage): right after `import torch` every patch is armed (active_patches()
+# alone said [] and looked broken); after from_pretrained the patches it imported are applied.
 PLACE = """
 import tempfile, torch
+import transformers_tpu_ext as ext
+first, first_active = ext.status(), ext.active_patches()
 from transformers import AutoModelForCausalLM
 from transformers_tpu_ext.testing import tiny
 with tempfile.TemporaryDirectory() as path:
     tiny.save_tiny_model(path)
     model = AutoModelForCausalLM.from_pretrained(path, device_map="auto")
-report(str(model.device))
+report({"device": str(model.device), "first": sorted(set(first.values())), "first_active": first_active,
+        "after": ext.status()})
 """
 
 
@@ -109,7 +114,9 @@ def test_the_plugin_follows_transformers_verbosity(verbosity):
         env={"TRANSFORMERS_VERBOSITY": verbosity, "TRANSFORMERS_TPU_EXT_SIMULATE": "1",
              "TRANSFORMERS_TPU_EXT_DISABLE": "generate"},  # one warning to show or silence
     )
-    assert value == "tpu:0"
+    assert value["device"] == "tpu:0"
+    assert value["first"] == ["armed"] and value["first_active"] == []
+    assert value["after"]["accelerate_memory"] == value["after"]["generation"] == "applied"
     budget = "transformers-tpu-ext: device_map budget on TPU v6e"
     if verbosity == "info":
         assert budget in stderr
@@ -117,3 +124,4 @@ def test_the_plugin_follows_transformers_verbosity(verbosity):
     else:
         assert budget not in stderr
         assert "transformers-tpu-ext" not in stderr, stderr
+
