@@ -83,6 +83,12 @@ def test_demo_with_a_model_that_does_not_exist_is_one_line_at_once():
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("transformers-tpu demo: error: --model 'does/not-exist': not a local directory")
+    # With the Hub allowed but unreachable (here: a closed local port), one line too, instead of a
+    # minute of retries and a 90-line traceback.
+    online = _run("demo", "--model", "does/not-exist", env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=120)
+    assert online.returncode == 1
+    (line,) = online.stderr.strip().splitlines()
+    assert "the Hub cannot be reached" in line and "Traceback" not in online.stderr
 
 
 def test_demo_follows_the_simulate_setting_and_says_its_weights_are_random():
