@@ -185,22 +185,77 @@ def test_bug_in_the_accelerate_memory_wrapper_still_returns_upstreams_answer(plu
     assert calls == ["split_tpu_entry"]
 
 
+def test_bug_in_the_hub_kernel_wrappers_still_calls_upstream(plugin, monkeypatch):
+    # A failure of ours in the checks falls back to upstream: the user sees upstream's own answer.
+    import transformers.integrations.hub_kernels as hub
+
+    from transformers_tpu_ext.patches import hub_kernels
+
+    assert {"hub_kernels", "use_kernels"} <= set(ext.active_patches())
+    model = tiny.tiny_model("llama", vocab_size=128).to("tpu")
+    upstream = {}
+    for name, call in {
+        "kernelize": lambda: hub.kernelize(model),
+        "set_use_kernels": lambda: model.set_use_kernels(True),
+        "load_and_register_attn_kernel": lambda: hub.load_and_register_attn_kernel("sdpa"),
+    }.items():
+        with monkeypatch.context() as m:
+            m.setattr(hub_kernels, "jax_installed", lambda: True)  # our checks pass: upstream's answer
+            upstream[name] = _outcome(call)
+        calls: list[str] = []
+        with monkeypatch.context() as m:
+            m.setattr(hub_kernels.backend, "is_tpu", _breaker(calls, "is_tpu"))
+            m.setattr(hub_kernels.backend, "tpu_available", _breaker(calls, "tpu_available"))
+            broken = _outcome(call)
+        assert calls, f"{name}: the wrapper's logic never ran"
+        assert broken == upstream[name], name
+
+
+def test_the_missing_jax_error_is_the_users_and_is_not_swallowed(plugin, monkeypatch):
+    monkeypatch.setattr(hub_kernels_module(), "jax_installed", lambda: False)
+    model = tiny.tiny_model("llama", vocab_size=128).to("tpu")
+    with pytest.raises(ImportError, match="jax"):
+        model.set_use_kernels(True)
+
+
+def hub_kernels_module():
+    from transformers_tpu_ext.patches import hub_kernels
+
+    return hub_kernels
+
+
+def _outcome(call) -> str:
+    try:
+        result = call()
+    except Exception as error:  # noqa: BLE001 - compared as text with the unbroken call's
+        return f"raised {type(error).__name__}: {error}"
+    return f"returned {type(result).__name__}"
+
+
 # --------------------------------------------------------------------------------------------------
 # The entry point failing
 
 
 @pytest.mark.slow
-def test_a_failing_entry_point_is_one_warning_and_import_torch_works():
-    # The entry point's own work (here: installing a simulated TPU from a malformed spec) raises.
+@pytest.mark.parametrize("warnings_filter", ["always", "error"])
+def test_a_failing_entry_point_is_one_warning_and_import_torch_works(warnings_filter):
+    import importlib.util
+
+    if warnings_filter == "error" and importlib.util.find_spec("torch_tpu") is not None:
+        pytest.skip("torch_tpu's own import fails under -W error (its import-time warnings), plugin or not")
+    # The package itself fails to import (here: a module its __init__ needs is broken). The entry
+    # point's module lives outside the package, so `import torch` goes on, even under -W error.
     value, stderr = run_python(
-        """
+        f"""
 import warnings
-warnings.simplefilter("always")
+warnings.simplefilter({warnings_filter!r})
+sys.modules["transformers_tpu_ext._version"] = None  # the package's __init__ raises ImportError
 import torch
-import transformers_tpu_ext as ext
-report({"tensor": torch.ones(3).sum().item(), "tpu": torch.accelerator.current_accelerator() is not None})
+report({{"tensor": torch.ones(3).sum().item(), "plugin": "transformers_tpu_ext" in sys.modules,
+        "tpu": torch.accelerator.current_accelerator(check_available=True) is not None}})
 """,
-        env={"TRANSFORMERS_TPU_EXT_SIMULATE": "chips=banana"},
+        env={"TRANSFORMERS_TPU_EXT_SIMULATE": "1"},
     )
-    assert value == {"tensor": 3.0, "tpu": False}
-    assert stderr.count("the torch.backends entry point failed") == 1, stderr
+    assert value == {"tensor": 3.0, "plugin": False, "tpu": False}
+    assert stderr.count("transformers-tpu-ext could not be loaded at import torch (ModuleNotFoundError") == 1, stderr
+    assert "Traceback" not in stderr

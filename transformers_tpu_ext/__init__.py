@@ -7,14 +7,19 @@ changes nothing. See ``docs/architecture.md``.
 
 from __future__ import annotations
 
-from ._version import __version__
-from .activation import (
+from . import log as _log
+
+_log.setup()  # before anything logs: the plugin's logger follows Transformers' verbosity
+
+from ._version import __version__  # noqa: E402
+from .activation import (  # noqa: E402
     TransformersTPUExtWarning,
     activate,
     active_patches,
     deactivate,
     is_active,
     skipped_patches,
+    status,
 )
 
 __all__ = [
@@ -25,6 +30,7 @@ __all__ = [
     "deactivate",
     "is_active",
     "skipped_patches",
+    "status",
     "warmup",
 ]
 
@@ -42,16 +48,13 @@ def _bootstrap() -> None:
     try:
         activate()
     except Exception as error:  # noqa: BLE001
-        import warnings
-
         try:
             deactivate()
         except Exception:  # noqa: BLE001
             pass
-        warnings.warn(
+        _log.warn(
             f"transformers-tpu-ext could not activate ({type(error).__name__}: {error}); "
             "Transformers runs unpatched.",
-            TransformersTPUExtWarning,
             stacklevel=2,
         )
 

@@ -1,33 +1,39 @@
-"""The ``torch.backends`` entry point: torch calls :func:`load` at the end of ``import torch``.
+"""What the ``torch.backends`` entry point does, once the package is imported.
 
-An exception escaping an entry point makes ``import torch`` itself fail, so :func:`load` never
-raises: any failure becomes one warning. Importing this module imports the package, whose
-``__init__`` activates the plugin (with the same guarantee).
+The entry point itself is ``_transformers_tpu_ext_autoload.load`` (a module outside this package, so
+that even a failing package ``__init__`` cannot fail ``import torch``). It imports this module, which
+imports the package: the package's ``__init__`` sets up logging, checks the settings and activates
+the plugin (a failure there is one warning). :func:`load` then installs the simulated TPU when
+``TRANSFORMERS_TPU_EXT_SIMULATE`` asks for it. Nothing here raises.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
-#: Set to ``1`` (or a spec such as ``chips=4,generation=v6e``) to install the simulated TPU in
-#: every Python process at ``import torch``. See ``docs/simulated-tpu.md``.
-SIMULATE_ENV = "TRANSFORMERS_TPU_EXT_SIMULATE"
+from . import log
+from .testing.chips import SIMULATE_ENV, parse_spec, simulate_requested
+
+__all__ = ["SIMULATE_ENV", "load"]
 
 
 def load() -> None:
-    # Importing this module imported the package, whose __init__ activated the plugin (or warned).
+    spec = os.environ.get(SIMULATE_ENV, "")
     try:
-        spec = os.environ.get(SIMULATE_ENV, "").strip()
-        if spec and spec != "0":
-            from .testing import install_from_env
+        if not simulate_requested(spec):
+            return
+        try:
+            kwargs = parse_spec(spec)
+        except ValueError:
+            return  # an invalid value: activation already said so, naming the variable and its keys
+        from .testing import install
 
-            install_from_env(spec)
+        install(**kwargs)
     except BaseException as error:  # noqa: BLE001 - never fail the user's `import torch`
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise
-        warnings.warn(
-            f"transformers-tpu-ext: the torch.backends entry point failed "
-            f"({type(error).__name__}: {error}); import torch goes on without the plugin.",
+        log.warn(
+            f"transformers-tpu-ext: {SIMULATE_ENV}={spec.strip()!r}: the simulated TPU could not be installed "
+            f"({type(error).__name__}: {error}); the plugin itself is active.",
             stacklevel=2,
         )

@@ -1,9 +1,15 @@
 """Activation: lazy, idempotent, thread-safe, reversible.
 
-``activate()`` registers one wrapt post-import hook per enabled patch on its ``TARGET`` module (the
-hook fires at once when the module is already imported). When it fires, the hook checks that the
-plugin is still active (post-import hooks cannot be unregistered), passes the version gate, then
-calls the patch's ``apply``. ``deactivate()`` reverts every applied patch, in reverse order.
+``activate()`` checks the settings (one warning per invalid ``TRANSFORMERS_TPU_EXT_*`` value), then
+registers one wrapt post-import hook per enabled patch on its ``TARGET`` module (the hook fires at
+once when the module is already imported). When it fires, the hook checks that the plugin is still
+active (post-import hooks cannot be unregistered), passes the version gate, then calls the patch's
+``apply``. ``deactivate()`` reverts every applied patch, in reverse order. ``status()`` tells each
+patch's state: armed (waiting for its target's import), applied, skipped or disabled.
+
+Warnings: a library outside its supported range gives one warning for all of its patches; a patch
+that fails to apply (its target changed shape) gives one warning of its own, naming the installed
+and the tested versions.
 """
 
 from __future__ import annotations
@@ -13,11 +19,11 @@ import importlib
 import logging
 import sys
 import threading
-import warnings
 from types import ModuleType
 from typing import Callable
 
-from . import config
+from . import config, log
+from .log import TransformersTPUExtWarning
 from .patches import REGISTRY
 
 __all__ = [
@@ -27,13 +33,10 @@ __all__ = [
     "deactivate",
     "is_active",
     "skipped_patches",
+    "status",
 ]
 
 logger = logging.getLogger("transformers_tpu_ext")
-
-
-class TransformersTPUExtWarning(UserWarning):
-    """Warnings issued by transformers-tpu-ext (skipped patches, adapted settings)."""
 
 
 _lock = threading.RLock()
@@ -42,6 +45,8 @@ _hooked: set[str] = set()  # patches whose post-import hook is registered (for t
 _applying: set[str] = set()
 _applied: dict[str, ModuleType] = {}
 _skipped: dict[str, str] = {}
+_gated: dict[str, str] = {}  # distribution -> the reason its patches are skipped (warned once)
+_noted_untested: set[str] = set()  # distributions whose "untested release" note was logged
 
 
 def _patch_module(name: str) -> ModuleType:
@@ -84,9 +89,10 @@ def activate() -> None:
                 already_imported.append((name, module))
     for name, reason in broken.items():
         if name in _skipped:
-            warnings.warn(
-                f"transformers-tpu-ext: patch {name!r} skipped: {reason}", TransformersTPUExtWarning, stacklevel=2
-            )
+            log.warn(f"transformers-tpu-ext: patch {name!r} skipped: {reason}", stacklevel=2)
+    from .settings import warn_about_problems
+
+    warn_about_problems()
     # Outside the lock: applying a patch may import modules whose own hooks need the lock.
     for name in new_hooks:
         wrapt.register_post_import_hook(functools.partial(_on_import, name), targets[name])
@@ -153,15 +159,24 @@ def _on_import(name: str, module: ModuleType) -> None:
             if disabled is None or name in disabled:
                 return
             _applying.add(name)
+        gated = False
         try:
-            from .versions import version_gate
+            from . import versions
 
             patch = _patch_module(name)
-            reason = version_gate(patch.DISTRIBUTION)
+            reason = versions.version_gate(patch.DISTRIBUTION)
+            gated = reason is not None
             if reason is None:
+                _note_untested(patch.DISTRIBUTION)
                 patch.apply(module)
         except Exception as error:  # noqa: BLE001 - a broken patch must not break the import
             reason = f"failed to apply ({type(error).__name__}: {error})"
+            try:
+                note = versions.untested(patch.DISTRIBUTION)
+            except Exception:  # noqa: BLE001
+                note = None
+            if note:  # an untested release whose target changed shape: say which versions
+                reason += f": {note}"
             try:
                 patch.revert()
             except Exception:  # noqa: BLE001
@@ -178,14 +193,52 @@ def _on_import(name: str, module: ModuleType) -> None:
                 return
             first = _skipped.get(name) != reason
             _skipped[name] = reason
-        if first:
-            warnings.warn(
-                f"transformers-tpu-ext: patch {name!r} skipped: {reason}",
-                TransformersTPUExtWarning,
-                stacklevel=2,
-            )
+            if gated:  # one warning per distribution, for all of its patches
+                first = first and _gated.get(patch.DISTRIBUTION) != reason
+                _gated[patch.DISTRIBUTION] = reason
+        if first and gated:
+            log.warn(f"transformers-tpu-ext: {_gate_message(patch.DISTRIBUTION, reason)}", stacklevel=2)
+        elif first:
+            log.warn(f"transformers-tpu-ext: patch {name!r} skipped: {reason}", stacklevel=2)
     except Exception as error:  # noqa: BLE001
         logger.warning("transformers-tpu-ext: post-import hook for %r failed: %r", name, error)
+
+
+def _patches_of(distribution: str) -> list[str]:
+    names = []
+    for name in REGISTRY:
+        try:
+            if _patch_module(name).DISTRIBUTION == distribution:
+                names.append(name)
+        except Exception:  # noqa: BLE001
+            pass
+    return names
+
+
+def _gate_message(distribution: str, reason: str) -> str:
+    from .versions import SUPPORTED
+
+    names = _patches_of(distribution)
+    return (
+        f"{reason}. Its {len(names)} patch{'es' if len(names) != 1 else ''} ({', '.join(names)}) are skipped and "
+        f"{distribution} runs unpatched; install a supported release: "
+        f"pip install '{distribution}{SUPPORTED.get(distribution, '')}'"
+    )
+
+
+def _note_untested(distribution: str) -> None:
+    """Log once per distribution (info) that its installed release is allowed but untested."""
+    with _lock:
+        if distribution in _noted_untested:
+            return
+        _noted_untested.add(distribution)
+    from .versions import untested
+
+    note = untested(distribution)
+    if note:
+        logger.info(
+            "transformers-tpu-ext: %s; its patches are applied and each is checked as it is applied", note
+        )
 
 
 def deactivate() -> None:
@@ -200,6 +253,7 @@ def deactivate() -> None:
                 logger.warning("transformers-tpu-ext: reverting %r failed: %r", name, error)
         _applied.clear()
         _skipped.clear()
+        _gated.clear()
 
 
 def is_active() -> bool:
@@ -210,6 +264,34 @@ def active_patches() -> list[str]:
     """Names of the patches applied right now, in registry order."""
     with _lock:
         return [name for name in REGISTRY if name in _applied]
+
+
+def status() -> dict[str, str]:
+    """The state of every patch, in registry order.
+
+    - ``"applied"``: its wrappers are installed now;
+    - ``"armed"``: the plugin is active and the patch applies when its target module is imported
+      (right after ``import torch``, before Transformers is imported, every patch is armed);
+    - ``"disabled"``: turned off by ``TRANSFORMERS_TPU_EXT_DISABLE``;
+    - ``"skipped"``: not applied, for the reason ``skipped_patches()`` gives (an unsupported version,
+      a target that changed shape, a patch module that failed to import);
+    - ``"inactive"``: the plugin is not active (``deactivate()``, or not activated yet).
+    """
+    with _lock:
+        states = {}
+        for name in REGISTRY:
+            reason = _skipped.get(name, "")
+            if name in _applied:
+                states[name] = "applied"
+            elif reason.startswith("disabled"):
+                states[name] = "disabled"
+            elif reason:
+                states[name] = "skipped"
+            elif _active:
+                states[name] = "armed"
+            else:
+                states[name] = "inactive"
+        return states
 
 
 def skipped_patches() -> dict[str, str]:
@@ -226,3 +308,4 @@ def _reset() -> None:
         _active = False
         _hooked.clear()
         _applying.clear()
+        _noted_untested.clear()

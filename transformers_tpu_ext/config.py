@@ -19,3 +19,22 @@ def disabled_patches(environ: dict[str, str] | None = None) -> frozenset[str] | 
     if raw.lower() in _ALL:
         return None
     return frozenset(part.strip() for part in raw.split(",") if part.strip() and part.strip() != "0")
+
+
+def check_environment(environ: dict[str, str] | None = None, names: tuple[str, ...] | None = None) -> list[str]:
+    """Names in ``TRANSFORMERS_TPU_EXT_DISABLE`` that are not patches (a typo disables nothing).
+
+    ``names``: the patch names (default: the registry).
+    """
+    if names is None:
+        from .patches import REGISTRY as names
+
+    disabled = disabled_patches(environ)
+    unknown = sorted(disabled - set(names)) if disabled else []
+    if not unknown:
+        return []
+    raw = (os.environ if environ is None else environ).get(DISABLE_ENV, "").strip()
+    return [
+        f"{DISABLE_ENV}={raw!r} names no patch called {', '.join(map(repr, unknown))}, so it disables nothing "
+        f"there: use 1 (every patch) or a comma list of {', '.join(names)}"
+    ]

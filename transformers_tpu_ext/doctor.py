@@ -1,10 +1,11 @@
 """``transformers-tpu doctor``: what is installed, what TPU is seen, what the plugin changed.
 
-Prints the versions that matter (with the supported range where the plugin has one), whether a TPU
-is seen (generation, chips, HBM, process counts ``transformers-tpu launch`` accepts), which patches
-are active or skipped and why, and the known problems of the installed combination. Plain text by
-default, ``--json`` for scripts. The exit status is 0 whenever the report could be made: problems
-are reported, not raised. See ``docs/doctor.md``.
+Prints the versions that matter (with the supported range and the tested releases where the plugin
+has them), whether a TPU is seen (generation, chips, HBM, process counts ``transformers-tpu launch``
+accepts), which patches are active or skipped and why, invalid ``TRANSFORMERS_TPU_EXT_*`` settings,
+and the known problems of the installed combination. Plain text by default, ``--json`` for scripts.
+The exit status is 0 whenever the report could be made: problems are reported, not raised. See
+``docs/doctor.md``.
 
 The report is built in two steps: :func:`collect` gathers facts (imports torch and each patch's
 target module, so every version gate runs), :func:`known_problems` and :func:`format_text` are plain
@@ -26,8 +27,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from . import __version__, backend, config, topology, versions
-from ._autoload import SIMULATE_ENV
+from . import __version__, backend, config, settings, topology, versions
+from .progress import Progress
+from .testing.chips import SIMULATE_ENV
 from .patches.hub_kernels import INSTALL as KERNELS_INSTALL
 from .patches.hub_kernels import KERNELS_TPU_MIN
 
@@ -94,7 +96,9 @@ def _versions() -> dict[str, dict[str, Any]]:
         if installed is not None and supported is not None:
             release = _release(installed)
             ok = release is not None and SpecifierSet(supported).contains(release, prereleases=True)
-        report[dist] = {"installed": installed, "supported": supported, "ok": ok}
+        tested = list(versions.tested_versions(dist)) if dist in versions.SUPPORTED else []
+        untested = bool(ok and tested and versions.untested(dist))
+        report[dist] = {"installed": installed, "supported": supported, "ok": ok, "tested": tested, "untested": untested}
     return report
 
 
@@ -113,7 +117,8 @@ def _tpu() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     current = None
     try:
-        accelerator = torch.accelerator.current_accelerator() if torch is not None else None
+        # check_available: a CUDA build of torch names "cuda" on a machine without a GPU.
+        accelerator = torch.accelerator.current_accelerator(check_available=True) if torch is not None else None
         current = accelerator.type if accelerator is not None else None
     except Exception:  # noqa: BLE001
         pass
@@ -145,7 +150,8 @@ def _patches() -> dict[str, Any]:
 
     errors: dict[str, str] = {}
     # Import each target so its post-import hook (and version gate) runs in this process.
-    with warnings.catch_warnings():
+    armed = {name: state for name, state in plugin.status().items()}
+    with warnings.catch_warnings(), Progress(len(REGISTRY), desc="doctor", unit="patch") as progress:
         warnings.simplefilter("ignore")
         for name in REGISTRY:
             try:
@@ -153,6 +159,7 @@ def _patches() -> dict[str, Any]:
                 importlib.import_module(target)
             except Exception as error:  # noqa: BLE001
                 errors[name] = f"target not importable ({type(error).__name__}: {error})"
+            progress.step(f"imported the target of {name}")
     active = plugin.active_patches()
     skipped = dict(plugin.skipped_patches())
     for name, reason in errors.items():
@@ -163,6 +170,8 @@ def _patches() -> dict[str, Any]:
         "active": active,
         "skipped": skipped,
         "pending": pending,
+        "status": plugin.status(),
+        "status_before_imports": armed,
         "disable_env": os.environ.get(config.DISABLE_ENV) or None,
     }
 
@@ -183,6 +192,7 @@ def collect() -> dict[str, Any]:
         "versions": _versions(),
         "tpu": _tpu(),
         "patches": _patches(),
+        "settings": settings.problems(),
         "environment": environment,
     }
     report["problems"] = known_problems(report)
@@ -208,6 +218,8 @@ def known_problems(report: dict[str, Any]) -> list[str]:
 
     def installed(dist: str) -> str | None:
         return dists.get(dist, {}).get("installed")
+
+    problems += [f"invalid setting: {problem}" for problem in report.get("settings", [])]
 
     for dist in ("torch", "transformers", "accelerate", "wrapt", "torch_tpu"):
         entry = dists.get(dist, {})
@@ -276,6 +288,8 @@ def format_text(report: dict[str, Any]) -> str:
         installed = entry["installed"] or "not installed"
         supported = f"supported {entry['supported']}" if entry["supported"] else ""
         mark = {True: "ok", False: "UNSUPPORTED", None: ""}[entry["ok"]]
+        if entry.get("untested"):
+            mark = f"allowed, untested (tested: {', '.join(entry['tested'])})"
         lines.append(f"  {dist:<13} {installed:<16} {supported:<28} {mark}".rstrip())
 
     tpu = report["tpu"]

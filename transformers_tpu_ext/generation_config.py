@@ -19,7 +19,7 @@ from typing import Any
 
 from . import buckets
 
-__all__ = ["ENV", "TPUGenerationConfig", "configure", "current", "reset"]
+__all__ = ["ENV", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
 #: Environment variable of each field (booleans: 1/0, true/false, on/off; lists: comma-separated).
 ENV: dict[str, str] = {
@@ -177,6 +177,9 @@ def current(environ: Mapping[str, str] | None = None) -> TPUGenerationConfig:
 
 @functools.lru_cache(maxsize=32)
 def _build(env_items: tuple, override_items: tuple) -> TPUGenerationConfig:
+    problems = check_environment(dict((ENV[name], raw) for name, raw in env_items))
+    if problems:  # name the variable, not the dataclass field
+        raise ValueError("; ".join(problems))
     kwargs = {name: _parse(name, raw) for name, raw in env_items}
     kwargs.update(dict(override_items))
     return TPUGenerationConfig(**kwargs)
@@ -206,3 +209,19 @@ def reset() -> None:
     """Forget every :func:`configure` call (environment variables and defaults apply again)."""
     with _lock:
         _overrides.clear()
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One message per invalid generation variable, naming it (checked at activation, and by ``current()``)."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    for name, var in ENV.items():
+        raw = environ.get(var, "")
+        if not raw.strip():
+            continue
+        try:
+            TPUGenerationConfig(**{name: _parse(name, raw)})
+        except ValueError as error:
+            detail = str(error).replace(f"TPUGenerationConfig.{name}", "it")
+            problems.append(detail if var in detail else f"{var}={raw.strip()!r} is invalid: {detail}")
+    return problems

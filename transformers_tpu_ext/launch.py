@@ -13,23 +13,28 @@ Same command three ways::
     transformers_tpu_ext.launch.main(["--nproc_per_node=4", "generate.py", "--max-new-tokens", "32"])
 
 ``--nproc_per_node`` defaults to the chips attached to the host (``auto`` and ``tpu`` mean the same).
-Errors a user can cause (no TPU backend, a process count the chip has no topology for, ``--nnodes``
-disagreeing with ``TPU_WORKER_HOSTNAMES``) end with one message saying what to do and a non-zero
-exit status, never a traceback. See ``docs/launching.md``.
+Errors a user can cause (no script, a script or module that does not exist, no TPU backend, a
+process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``)
+end with one message saying what to do and a non-zero exit status before any worker starts, never a
+traceback. ``--help`` is torchrun's, with TPU wording for the options this command changes. See
+``docs/launching.md``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from argparse import Namespace
-from typing import Any
+from importlib.machinery import PathFinder
+from typing import Any, NoReturn
 
 from . import backend, topology
 
-__all__ = ["LaunchError", "main", "prepare"]
+__all__ = ["LaunchError", "check_script", "main", "prepare"]
 
 PROG = "transformers-tpu launch"
+USAGE = f"{PROG} [torchrun options] script.py [script args]   (or -m module [args])"
 HOSTNAMES_ENV = "TPU_WORKER_HOSTNAMES"
 _DESCRIPTION = (
     "Run torchrun on a TPU host: check the process count against the chip's topologies, prepare the "
@@ -47,16 +52,83 @@ class LaunchError(Exception):
         self.exit_code = exit_code
 
 
+#: Help for the torchrun options whose meaning this command changes on TPU (by ``dest``).
+_TPU_HELP = {
+    "nproc_per_node": (
+        "Processes on this host, one per TPU chip: a count the chip generation has a topology for ("
+        + "; ".join(f"{gen}: {', '.join(map(str, counts))}" for gen, counts in topology.TOPOLOGIES.items())
+        + "), at most the chips on the host; or auto/tpu. Default: every chip on the host."
+    ),
+    "nnodes": (
+        "Number of hosts of the TPU slice: one number (a slice has a fixed size, no min:max range), "
+        "equal to the number of hosts in TPU_WORKER_HOSTNAMES. Default: 1."
+    ),
+    "training_script": (
+        "The training script each process runs (one process per TPU chip, each seeing its chip as "
+        "tpu:0), followed by its arguments; with -m, a module. Checked before any worker starts."
+    ),
+    "training_script_args": "The training script's own arguments.",
+}
+
+
 def _parser() -> Any:
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
     parser.prog = PROG
+    parser.usage = USAGE
     parser.description = _DESCRIPTION
+    for action in parser._actions:
+        if action.dest in _TPU_HELP:
+            action.help = _TPU_HELP[action.dest]
+    parser.error = _usage_error  # type: ignore[method-assign]
     # Tell "not given" apart from torchrun's default of 1 (PET_NPROC_PER_NODE still counts as given).
     if "PET_NPROC_PER_NODE" not in os.environ:
         parser.set_defaults(nproc_per_node=None)
     return parser
+
+
+def _usage_error(message: str) -> NoReturn:
+    """argparse's error, in one line (torchrun's usage runs to 30 lines): what is missing, then usage."""
+    if "training_script" in message:
+        message = "no training script given: pass the script to run (or -m module), after the torchrun options"
+    print(f"usage: {USAGE}\n{PROG}: error: {message} (see --help)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_script(args: Namespace, cwd: str | None = None) -> None:
+    """Raise :class:`LaunchError` unless what the workers will run exists (no worker is started yet).
+
+    A script path must be a file (relative to ``cwd``); ``-m`` a module findable from ``cwd`` and
+    ``sys.path`` (found without importing it); ``--no-python`` an executable.
+    """
+    cwd = os.getcwd() if cwd is None else cwd
+    target = args.training_script
+    if getattr(args, "module", False):
+        if _find_module(target, [cwd, *sys.path]) is None:
+            raise LaunchError(
+                f"-m {target}: no module named {target!r} in {cwd} or on the Python path; "
+                "pass a module the workers can import (python -m style), or a script path without -m."
+            )
+        return
+    path = target if os.path.isabs(target) else os.path.join(cwd, target)
+    if getattr(args, "no_python", False):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)) and shutil.which(target) is None:
+            raise LaunchError(f"--no-python {target}: no such executable (nor on PATH); pass a command the workers can run.")
+        return
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "no such file"
+        raise LaunchError(f"can't open file {target!r}: {what} (in {cwd}); pass the path of the training script.")
+
+
+def _find_module(name: str, path: list[str]) -> Any:
+    spec = None
+    for part in name.split("."):
+        spec = PathFinder.find_spec(part, path)
+        if spec is None:
+            return None
+        path = list(spec.submodule_search_locations or [])
+    return spec
 
 
 def _nnodes(value: str) -> int:
@@ -98,8 +170,9 @@ def _tpu_module() -> Any:
 
 
 def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int, int]:
-    """Check ``args`` (parsed torchrun options), fill in ``nproc_per_node`` and prepare the launch
-    environment. Returns ``(nnodes, nproc_per_node)``; raises :class:`LaunchError`."""
+    """Check ``args`` (parsed torchrun options: the TPU, the process count, the hosts, then the
+    script), fill in ``nproc_per_node`` and prepare the launch environment. Returns
+    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (nothing is prepared then)."""
     import torch  # noqa: F401 - loads the TPU backend (torch.backends entry points)
 
     environ = os.environ if environ is None else environ
@@ -144,6 +217,8 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
 
     nnodes = _nnodes(args.nnodes)
     _check_hosts(nnodes, environ)
+    if getattr(args, "training_script", None) is not None:
+        check_script(args)
 
     set_env = getattr(getattr(_tpu_module(), "distributed", None), "set_tpu_launch_env", None)
     if set_env is None:
@@ -169,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exit_:  # --help, or argparse's own usage error (already printed)
+    except SystemExit as exit_:  # --help, or a usage error (already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
         prepare(args)

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import buckets
 from . import generation_config as settings_module
+from .progress import Progress
 
 __all__ = ["warmup"]
 
@@ -55,6 +56,7 @@ def warmup(
                       for p in settings.prompt_ladder() if p <= top} | {top})
     token = _token(model)
     compiled = []
+    progress = Progress(len(rows) * len(prompts), desc="warmup", unit="bucket")
     for batch in rows:
         for prompt in prompts:
             # One masked (left-padding) column, like the padded calls the service will make.
@@ -71,6 +73,8 @@ def warmup(
                 **{"do_sample": False, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
             )
             compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
+            progress.step(f"compiled batch {batch} x prompt {prompt} tokens (cache {cache})")
+    progress.close()
     return compiled
 
 

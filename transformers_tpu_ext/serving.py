@@ -371,6 +371,21 @@ def current(environ: Mapping[str, str] | None = None) -> ServeSettings:
         raise ValueError(f"invalid TPU serving settings: {error}") from None
 
 
+def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One message per invalid serving variable, naming it (checked at activation, and by ``current()``)."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    for name, var in ENV.items():
+        raw = environ.get(var, "")
+        if not raw.strip():
+            continue
+        try:
+            ServeSettings(**{name: _parse(name, raw)})
+        except ValueError as error:
+            problems.append(str(error) if var in str(error) else f"{var}={raw.strip()!r} is invalid: {error}")
+    return problems
+
+
 def configure(**changes: Any) -> ServeSettings:
     """Set serving settings for this process (they win over environment variables)."""
     names = {f.name for f in dataclasses.fields(ServeSettings)}

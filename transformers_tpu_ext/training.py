@@ -12,7 +12,6 @@ Importing this module imports nothing heavy; torch is imported when a batch is p
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -271,6 +270,9 @@ class _Warmup:
         base = collator.collate_fn(features)
         model = trainer.model_wrapped
         snapshot = _Snapshot(model, trainer.optimizer, trainer.lr_scheduler)
+        from .progress import Progress
+
+        bar = Progress(len(lengths), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
         try:
             for length in lengths:
                 batch = collator.pad_to(base, length, rows)
@@ -283,7 +285,9 @@ class _Warmup:
                 trainer.optimizer.step()
                 trainer.lr_scheduler.step()
                 model.zero_grad()
+                bar.step(f"compiled a training step of {rows} x {length} tokens")
         finally:
+            bar.close()
             model.zero_grad()
             snapshot.restore()
         collator.used.update(lengths)

@@ -17,9 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import sys
 import time
-import warnings
 from typing import Any
 
 from .. import serving
@@ -263,18 +261,17 @@ def io_class() -> type:
 def warmup(runner: Any, model: Any) -> None:
     """Run one step of every ``(Q, S)`` shape of the runner's plan (each compiles its graph), with a progress bar."""
     import torch
-    from tqdm.auto import tqdm
+
+    from ..progress import Progress
 
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes
     start = time.perf_counter()
-    bar = tqdm(shapes, desc="transformers-tpu-ext: precompiling serving steps", unit="shape", file=sys.stderr)
-    with torch.no_grad():
-        for q, s in bar:
-            bar.set_postfix_str(f"tokens={q} requests={s}")
+    with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
+        for q, s in shapes:
             io.prepare_warmup_batch(q, s)
             runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
-    bar.close()
+            bar.step(f"compiled tokens={q} requests={s}")
     io.reset()
     logger.info(
         "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
@@ -299,13 +296,12 @@ def tpu_compile_config(config: Any) -> Any:
         changes.append("dynamic=False")
         adapted.dynamic = False
     if changes:
-        from ..activation import TransformersTPUExtWarning
+        from .. import log
 
-        warnings.warn(
+        log.warn(
             "transformers-tpu-ext: the continuous batching CompileConfig cannot run on TPU; adapted it ("
             + ", ".join(changes)
             + ")",
-            TransformersTPUExtWarning,
             stacklevel=2,
         )
     return adapted

@@ -69,12 +69,23 @@ def _wrapped_by(obj: Any, wrapper: Wrapper) -> bool:
     return False
 
 
+_USER_ERROR = "__transformers_tpu_ext_user_error__"
+
+
+def user_error(error: BaseException) -> BaseException:
+    """Mark ``error`` as one the user caused and must see (e.g. a missing package on TPU):
+    :func:`fail_safe` lets it through instead of falling back to the upstream call."""
+    setattr(error, _USER_ERROR, True)
+    return error
+
+
 def fail_safe(wrapper: Wrapper) -> Wrapper:
     """Make a wrapper's own failures harmless.
 
     If the wrapper raises before it called the upstream function, the error is logged once and the
     upstream function is called with the caller's original arguments: a bug of ours never breaks a
-    user's ``generate()``. Errors raised by the upstream call itself propagate unchanged.
+    user's ``generate()``. Errors raised by the upstream call itself, and errors marked with
+    :func:`user_error`, propagate unchanged.
     """
     reported: set[str] = set()
 
@@ -90,7 +101,7 @@ def fail_safe(wrapper: Wrapper) -> Wrapper:
         try:
             return wrapper(tracked, instance, args, kwargs)
         except Exception as error:
-            if called:
+            if called or getattr(error, _USER_ERROR, False):
                 raise
             key = f"{type(error).__name__}: {error}"
             if key not in reported:

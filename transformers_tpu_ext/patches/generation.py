@@ -39,7 +39,6 @@ import inspect
 import logging
 import sys
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -700,13 +699,12 @@ def _adapt_compile_config(config: Any) -> Any:
         first = key not in _warned_configs
         _warned_configs.add(key)
     if first:
-        from ..activation import TransformersTPUExtWarning
+        from .. import log
 
-        warnings.warn(
+        log.warn(
             "transformers-tpu-ext: the CompileConfig given to generate() cannot run on TPU; adapted it ("
             + ", ".join(changes)
             + "). Pass CompileConfig(backend='tpu', mode='default', dynamic=False) to silence this warning.",
-            TransformersTPUExtWarning,
             stacklevel=2,
         )
     return adapted

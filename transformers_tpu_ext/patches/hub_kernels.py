@@ -29,7 +29,7 @@ import sys
 from typing import Any
 
 from .. import backend
-from ._wrap import Wraps
+from ._wrap import Wraps, fail_safe, user_error
 
 NAME = "hub_kernels"
 TARGET = "transformers.integrations.hub_kernels"
@@ -56,7 +56,7 @@ def jax_installed() -> bool:
 def require_jax(what: str) -> None:
     """Raise the ``ImportError`` naming the install command when jax is missing."""
     if not jax_installed():
-        raise ImportError(f"{what}: {MESSAGE}", name="jax")
+        raise user_error(ImportError(f"{what}: {MESSAGE}", name="jax"))
 
 
 def _kernelize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -77,9 +77,14 @@ def _load_and_register_attn_kernel(wrapped: Any, instance: Any, args: tuple, kwa
     return wrapped(*args, **kwargs)
 
 
+# A failure of ours in a check falls back to the upstream call; the ImportError above is the user's.
+_kernelize_wrapper = fail_safe(_kernelize)
+_load_and_register_attn_kernel_wrapper = fail_safe(_load_and_register_attn_kernel)
+
+
 def apply(module: Any) -> None:
-    _wraps.wrap(module, "load_and_register_attn_kernel", _load_and_register_attn_kernel)
-    _wraps.wrap(module, "kernelize", _kernelize)
+    _wraps.wrap(module, "load_and_register_attn_kernel", _load_and_register_attn_kernel_wrapper)
+    _wraps.wrap(module, "kernelize", _kernelize_wrapper)
 
 
 def revert() -> None:

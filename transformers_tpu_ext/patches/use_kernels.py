@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import backend
 from . import hub_kernels
-from ._wrap import Wraps
+from ._wrap import Wraps, fail_safe
 
 NAME = "use_kernels"
 TARGET = "transformers.modeling_utils"
@@ -30,8 +30,11 @@ def _set_use_kernels(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     return wrapped(*args, **kwargs)
 
 
+_wrapper = fail_safe(_set_use_kernels)  # hub_kernels.require_jax's ImportError is the user's: it propagates
+
+
 def apply(module: Any) -> None:
-    _wraps.wrap(module, "PreTrainedModel.set_use_kernels", _set_use_kernels)
+    _wraps.wrap(module, "PreTrainedModel.set_use_kernels", _wrapper)
 
 
 def revert() -> None:

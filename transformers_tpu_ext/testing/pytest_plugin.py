@@ -2,6 +2,14 @@
 
 Importing this module installs nothing and does not import torch; the simulated TPU is installed
 the first time a test asks for the fixture.
+
+Scope: the simulator cannot be uninstalled (PyTorch renames its PrivateUse1 backend once per
+process), so the fixture *parks* it after each test: until a test asks for the fixture again (or
+calls ``testing.install()``), the process sees no TPU (``torch.accelerator.is_available()`` is
+False, ``device_count()`` 0), as if it had not been installed. A test that does not ask for the
+fixture therefore sees the same machine whether it runs before or after one that does. When the
+simulator was installed before the fixture first ran (``TRANSFORMERS_TPU_EXT_SIMULATE`` for the
+whole run, or your own ``testing.install()`` in a conftest), it is yours: the fixture never parks it.
 """
 
 from __future__ import annotations
@@ -11,15 +19,22 @@ from typing import Any, Iterator
 
 import pytest
 
+#: Whether the fixture installed the simulator (and so parks it between tests); None until first use.
+_owned: bool | None = None
+
 
 @pytest.fixture
 def simulated_tpu() -> Iterator[Any]:
     """The simulated TPU (installed once per process), with zeroed counters and the default
-    configuration (4 v6e chips); after the test, its configuration is restored and
-    TorchDynamo's caches are reset, so every test counts compiled graphs from scratch."""
-    from . import install
+    configuration (4 v6e chips); after the test, its configuration is restored, TorchDynamo's
+    caches are reset (so every test counts compiled graphs from scratch), and the simulator is
+    parked (hidden) until the next test that asks for it, unless it was installed before the fixture."""
+    global _owned
+    from . import install, is_installed
 
-    sim = install()
+    if _owned is None:
+        _owned = not is_installed()
+    sim = install()  # unparks it
     sim.reset_config()
     sim.reset_counters()
     _reset_dynamo()
@@ -29,6 +44,8 @@ def simulated_tpu() -> Iterator[Any]:
         sim.reset_config()
         sim.reset_counters()
         _reset_dynamo()
+        if _owned:
+            sim.park()
 
 
 def _reset_dynamo() -> None:

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 
 from . import autocast, compile_backend, device, pinned, process_group, random_ops, serialization, synchronize
+from . import chips as chips_module
 from .chips import CHIPS, parse_bytes
 from .counters import Counters
 
@@ -81,7 +82,21 @@ class SimulatedTPU:
 
     @property
     def is_hidden(self) -> bool:
-        return self._hidden > 0
+        return self._hidden > 0 or self.is_parked
+
+    # -- parking (the pytest fixture's scope) ------------------------------------------------
+    @property
+    def is_parked(self) -> bool:
+        """Hidden between tests by the ``simulated_tpu`` fixture (see :meth:`park`)."""
+        return getattr(self, "_parked", False)
+
+    def park(self) -> None:
+        """Hide the simulator until :meth:`unpark` (or ``install()``): what the ``simulated_tpu``
+        fixture does after its test, so later tests that did not ask for it see no TPU."""
+        self._parked = True
+
+    def unpark(self) -> None:
+        self._parked = False
 
     @contextlib.contextmanager
     def hidden(self) -> Iterator[None]:
@@ -149,7 +164,8 @@ def _refuse_if_real_backend() -> None:
             + ". A real TPU backend (torch_tpu) is active in this process; run the tests without "
             "the simulator, or in a process where torch_tpu finds no chip."
         )
-    current = torch.accelerator.current_accelerator()
+    # check_available: a CUDA build of torch names "cuda" on a machine without a GPU.
+    current = torch.accelerator.current_accelerator(check_available=True)
     if current is not None and current.type == "tpu":  # pragma: no cover - implies a rename
         raise RuntimeError("transformers_tpu_ext.testing: refusing to install: a TPU accelerator is already active")
     if current is not None:
@@ -224,6 +240,7 @@ def install(
     Raises ``RuntimeError`` when a real TPU backend already owns PyTorch's PrivateUse1 device.
     """
     global _SIM
+    _check_host(chips, generation)
     with _LOCK:
         if _SIM is None:
             sim = SimulatedTPU()
@@ -231,9 +248,17 @@ def install(
             _register_torch()
             _SIM = sim
         else:
+            _SIM.unpark()  # asked for again: visible again (see SimulatedTPU.park)
             _SIM.hbm_bytes = None
             _SIM.configure(chips=chips, generation=generation, hbm_bytes=hbm_bytes, untie_on_move=untie_on_move)
         return _SIM
+
+
+def _check_host(chips: int, generation: str) -> None:
+    """Refuse a host torch_tpu could not launch on (a v6e host with 3 chips) when it is installed."""
+    problem = chips_module.check_host(int(chips), str(generation))
+    if problem:
+        raise ValueError(f"transformers_tpu_ext.testing.install(chips={chips}, generation={generation!r}): {problem}")
 
 
 def is_installed() -> bool:
@@ -244,38 +269,9 @@ def simulated_tpu() -> SimulatedTPU | None:
     return _SIM
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def parse_spec(spec: str) -> dict[str, Any]:
-    """``"1"`` → {}; ``"chips=4,generation=v6e,hbm=1GiB,untie_on_move=1"`` → install kwargs."""
-    spec = spec.strip()
-    if spec.lower() in _TRUE or not spec:
-        return {}
-    kwargs: dict[str, Any] = {}
-    for part in spec.split(","):
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep:
-            raise ValueError(f"bad TRANSFORMERS_TPU_EXT_SIMULATE entry {part!r}: expected key=value")
-        if key == "chips":
-            kwargs["chips"] = int(value)
-        elif key == "generation":
-            kwargs["generation"] = value
-        elif key in ("hbm", "hbm_bytes"):
-            kwargs["hbm_bytes"] = parse_bytes(value)
-        elif key in ("untie_on_move", "untie"):
-            if value.lower() not in _TRUE | _FALSE:
-                raise ValueError(f"bad untie_on_move value {value!r}: use 1 or 0")
-            kwargs["untie_on_move"] = value.lower() in _TRUE
-        else:
-            raise ValueError(
-                f"unknown TRANSFORMERS_TPU_EXT_SIMULATE key {key!r} (known: chips, generation, hbm, untie_on_move)"
-            )
-    return kwargs
+    """``"1"`` → {}; ``"chips=4,generation=v6e,hbm=1GiB,untie_on_move=1"`` → install kwargs (see ``chips.parse_spec``)."""
+    return chips_module.parse_spec(spec)
 
 
 def install_from_env(spec: str) -> SimulatedTPU:
