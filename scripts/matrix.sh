@@ -12,8 +12,10 @@
 # installed torch, and the settings, in-process (-m "not slow"); the whole suite runs once, in
 # scripts/test.sh. Extra arguments go to pytest.
 #
-#   bash scripts/matrix.sh                 # every combination
+#   bash scripts/matrix.sh                         # every combination
 #   MATRIX_ONLY=oldest bash scripts/matrix.sh
+#   MATRIX_PREPARE_ONLY=1 bash scripts/matrix.sh   # only create the venvs (.ci/run does it while the
+#                                                  # main suite runs: mostly downloads)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -64,6 +66,14 @@ prepare() {
     touch "$stamp"
     echo "matrix[$name]: venv ready in $((SECONDS - started)) s" >&2
 }
+
+if [ -n "${MATRIX_PREPARE_ONLY:-}" ]; then
+    for combination in "${selected[@]}"; do
+        IFS='|' read -r name pins <<<"$combination"
+        prepare "$name" "$pins"
+    done
+    exit 0
+fi
 
 # The next combination's venv is prepared (mostly download and unpacking) while this one's tests
 # run (mostly one core): on 2 cores that overlaps most of an install.
