@@ -4,20 +4,27 @@
     python benchmarks/bench_generate.py --quick    # smoke run
     python benchmarks/bench_generate.py --output benchmarks/results/run.json
 
-Each side runs in its own subprocess (patches are process-global): ``baseline`` with
-``TRANSFORMERS_TPU_EXT_DISABLE=1`` (plain Transformers), ``plugin``, and ``plugin_warmup`` (the
-plugin after ``transformers_tpu_ext.warmup()``). Every side builds the same seeded tiny
-Qwen3-shaped model, computes the CPU reference tokens first, then moves the model to the
-simulated ``tpu`` and runs:
+Each side runs in its own subprocess (patches are process-global). Two baselines, both plain
+Transformers (``TRANSFORMERS_TPU_EXT_DISABLE=1``):
 
-- ``tpu_inputs``: ``generate(input_ids.to(model.device), max_new_tokens=N)`` three times (what
-  most users write: inputs on the TPU, no cache argument);
-- ``mixed``: a fixed workload of varied batch sizes, prompt lengths and ``max_new_tokens``.
+- ``plain``: ``generate()`` as written for a GPU (inputs ``.to(model.device)``, no cache argument:
+  the dynamic cache), which the Google TPU guide tells users not to write;
+- ``guide``: the guide's recipe (inputs left on the CPU, ``cache_implementation="static"``);
+
+and two plugin sides: ``plugin`` (the plain GPU code) and ``plugin_warmup`` (the same after
+``transformers_tpu_ext.warmup()``). Every side builds the same seeded, context-sensitive tiny
+Qwen3-shaped model, computes the CPU reference tokens first, then moves the model to the simulated
+``tpu`` and runs:
+
+- ``tpu_inputs``: one prompt, three identical calls;
+- ``mixed``: a fixed workload of varied batch sizes, prompt lengths and ``max_new_tokens``;
+- ``decode_bytes``: host<->device bytes per row and decode step in steady state, with a
+  32,000-token vocabulary, batch 1 and 8, inputs on the CPU and on the TPU, greedy and sampling.
 
 Printed JSON: programs compiled (graphs + eager per-shape programs) and their growth over the
-second half, host<->device bytes per generated token, wall time, padding overhead, tokens equal to
-the CPU reference; then the plugin's own overhead on ``import torch`` and on one CPU
-``generate()`` (no TPU); and the bucket policies of prior art evaluated on the same workload.
+second half, host<->device bytes, wall time, padding and attention overheads, tokens equal to the
+CPU reference; the plugin's own overhead on ``import torch`` and on one CPU ``generate()`` (no
+TPU); and the bucket policies of prior art evaluated on the same workload.
 """
 
 from __future__ import annotations
@@ -52,15 +59,28 @@ def sizes(quick: bool) -> dict:
 # Worker side (one process per side)
 
 
+#: What each side passes to generate() (the guide's recipe asks for the static cache) and where its
+#: inputs live (the guide leaves them on the CPU).
+SIDES = {
+    "plain": dict(kwargs={}, inputs_on_tpu=True, plugin=False),
+    "guide": dict(kwargs={"cache_implementation": "static"}, inputs_on_tpu=False, plugin=False),
+    "plugin": dict(kwargs={}, inputs_on_tpu=True, plugin=True),
+    "plugin_warmup": dict(kwargs={}, inputs_on_tpu=True, plugin=True),
+}
+
+
 def worker(side: str, quick: bool) -> dict:
     import torch
 
     from transformers_tpu_ext import testing
-    from transformers_tpu_ext.testing.tiny import tiny_model
+    from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model
 
     sim = testing.install(chips=4)
     cfg = sizes(quick)
+    how = SIDES[side]
+    extra = how["kwargs"]
     model = tiny_model("qwen3", seed=0)
+    check_context_sensitive(model)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(1234)
     workload = mixed_workload(cfg["calls"], cfg["max_prompt"], cfg["max_new"])
@@ -74,11 +94,13 @@ def worker(side: str, quick: bool) -> dict:
     model.to("tpu")
     result: dict = {"side": side}
 
-    # Scenario: inputs on the TPU, no cache argument.
+    place = (lambda ids: ids.to(model.device)) if how["inputs_on_tpu"] else (lambda ids: ids)
+
+    # Scenario: one prompt, three identical calls.
     runs = []
     for _ in range(3):
         before, start = sim.counters(), time.perf_counter()
-        out = model.generate(single.to(model.device), max_new_tokens=cfg["tpu_new"], do_sample=False)
+        out = model.generate(place(single), max_new_tokens=cfg["tpu_new"], do_sample=False, **extra)
         delta, wall = sim.counters() - before, time.perf_counter() - start
         new_tokens = out.shape[1] - single.shape[1]
         runs.append({
@@ -99,7 +121,7 @@ def worker(side: str, quick: bool) -> dict:
         "new_programs_per_token_after_first_call": max(r["programs_per_token"] for r in runs[1:]),
         "decode_compiled": any(r["graphs"] > 0 for r in runs),
         "tokens_match_cpu": all(r["tokens_match_cpu"] for r in runs),
-        "output_on_tpu": all(r["output_device"].startswith("tpu") for r in runs),
+        "output_on_input_device": all(r["output_device"].startswith("tpu" if how["inputs_on_tpu"] else "cpu") for r in runs),
     }
 
     # Scenario: the mixed workload.
@@ -116,25 +138,28 @@ def worker(side: str, quick: bool) -> dict:
         )
         delta = sim.counters() - before
         warm = {"shapes": len(plans), "programs": delta.programs, "wall_s": round(time.perf_counter() - start, 3)}
-    per_call, matches, padding = [], [], []
+    per_call, matches, padding, attention = [], [], [], []
     plan_of = _planner(side)
     start_all = time.perf_counter()
     for ids, (batch, length, new), ref in zip(prompts, workload, reference):
         before, start = sim.counters(), time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new, do_sample=False)
+        out = model.generate(place(ids), max_new_tokens=new, do_sample=False, **extra)
         delta, wall = sim.counters() - before, time.perf_counter() - start
         made = out.shape[1] - length
         per_call.append((delta, made * batch, wall))
         matches.append(bool(torch.equal(out.cpu(), ref)))
         padded_batch, padded_prompt = plan_of(batch, length)
         padding.append((batch, length, made, padded_batch, padded_prompt))
+        # A static cache is as long as the longest Transformers made for this model so far.
+        static = side != "plain"
+        attention.append((batch, length, made, padded_batch, getattr(model, "_previous_max_cache_length", None) if static else None))
     total_wall = time.perf_counter() - start_all
     half = len(per_call) // 2
     first = sum((d for d, _, _ in per_call[:half]), type(per_call[0][0])())
     second = sum((d for d, _, _ in per_call[half:]), type(per_call[0][0])())
     total = first + second
     tokens = sum(t for _, t, _ in per_call)
-    from transformers_tpu_ext.buckets import padding_overhead
+    from transformers_tpu_ext.buckets import attention_overhead, padding_overhead
 
     result["mixed"] = {
         "calls": len(workload),
@@ -150,23 +175,58 @@ def worker(side: str, quick: bool) -> dict:
         "d2h_bytes_per_token": round(total.d2h_bytes / tokens, 1),
         "wall_s": round(total_wall, 2),
         "padding_overhead": round(padding_overhead(padding), 3),
+        "attention_overhead": round(attention_overhead(attention), 3),
         "tokens_match_cpu": all(matches),
         "calls_matching_cpu": sum(matches),
     }
+    result["decode_bytes"] = decode_bytes(sim, side, quick)
 
     # Sampling with a seed stays reproducible.
-    if side != "baseline" or quick is False:
-        outs = []
-        for _ in range(2):
-            torch.manual_seed(7)
-            outs.append(model.generate(prompts[0], max_new_tokens=8, do_sample=True, top_k=20).cpu())
-        result["sampling_reproducible"] = bool(torch.equal(outs[0], outs[1]))
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        outs.append(model.generate(place(prompts[0]), max_new_tokens=8, do_sample=True, top_k=20, **extra).cpu())
+    result["sampling_reproducible"] = bool(torch.equal(outs[0], outs[1]))
     return result
+
+
+def decode_bytes(sim, side: str, quick: bool) -> dict:
+    """Bytes TPU->host and host->TPU per row and decode step in steady state (vocabulary 32,000).
+
+    The difference between calls making ``long`` and ``short`` new tokens (both forced to their full
+    length) divided by the extra steps and rows: what one more decode step costs, prefill excluded.
+    """
+    import torch
+
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3", seed=0, vocab_size=32000).to("tpu")
+    extra = SIDES[side]["kwargs"]
+    gen = torch.Generator().manual_seed(5)
+    short, long = (4, 8) if quick else (8, 24)
+    report = {}
+    for batch in (1,) if quick else (1, 8):
+        for where in ("cpu", "tpu"):
+            prompt = torch.randint(2, 32000, (batch, 10), generator=gen).to(where)
+            for mode, kwargs in (("greedy", {"do_sample": False}), ("sample", {"do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 0.7})):
+                counts = {}
+                for new in (short, long):
+                    model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **kwargs, **extra)
+                    before = sim.counters()
+                    model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **kwargs, **extra)
+                    counts[new] = sim.counters() - before
+                delta, steps = counts[long] - counts[short], (long - short) * batch
+                report[f"batch{batch}/inputs_{where}/{mode}"] = {
+                    "d2h_bytes_per_row_step": round(delta.d2h_bytes / steps, 1),
+                    "h2d_bytes_per_row_step": round(delta.h2d_bytes / steps, 1),
+                    "new_programs": delta.programs,
+                }
+    return report
 
 
 def _planner(side: str):
     """``(batch, prompt) -> (padded batch, padded prompt)`` for the side's policy."""
-    if side == "baseline":
+    if not SIDES[side]["plugin"]:
         return lambda batch, length: (batch, length)
     from transformers_tpu_ext import generation_config
 
@@ -298,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--output", help="also write the JSON to this file (e.g. benchmarks/results/run.json)")
-    parser.add_argument("--sides", default="baseline,plugin,plugin_warmup", help="comma list of sides to run")
+    parser.add_argument("--sides", default="plain,guide,plugin,plugin_warmup", help="comma list of sides to run")
     parser.add_argument("--no-overhead", action="store_true", help="skip the import/CPU overhead measures")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-overhead", action="store_true", help=argparse.SUPPRESS)
@@ -315,16 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report: dict = {"quick": args.quick, "workload": dict(zip(("calls", "max_prompt", "max_new"), list(sizes(args.quick).values())[:3]))}
     for side in args.sides.split(","):
-        env = _env(TRANSFORMERS_TPU_EXT_DISABLE="1") if side == "baseline" else _env()
+        if side not in SIDES:
+            parser.error(f"unknown side {side!r}; choose from {', '.join(SIDES)}")
+        env = _env() if SIDES[side]["plugin"] else _env(TRANSFORMERS_TPU_EXT_DISABLE="1")
         report[side] = _run_worker(["--worker", side, *quick_flag], env)
-    if "baseline" in report and "plugin" in report:
-        base, ours = report["baseline"]["mixed"], report["plugin"]["mixed"]
+    if "plugin" in report:
+        ours = report["plugin"]["mixed"]["programs_total"]
         report["comparison"] = {
-            "mixed_programs_plugin_over_baseline": round(ours["programs_total"] / max(base["programs_total"], 1), 3),
-            "tpu_inputs_first_call_programs": {
-                "baseline": report["baseline"]["tpu_inputs"]["first_call"]["programs"],
-                "plugin": report["plugin"]["tpu_inputs"]["first_call"]["programs"],
-            },
+            f"mixed_programs_{base}_over_plugin": round(report[base]["mixed"]["programs_total"] / max(ours, 1), 1)
+            for base in ("plain", "guide")
+            if base in report
         }
     if not args.no_overhead:
         report["overhead"] = {

@@ -49,7 +49,11 @@ def test_quick_run_prints_the_json_report(tmp_path):
     report = json.loads(proc.stdout)
     assert report == json.loads(out.read_text())
     plugin = report["plugin"]
-    assert plugin["tpu_inputs"]["tokens_match_cpu"] and plugin["tpu_inputs"]["output_on_tpu"]
+    assert plugin["tpu_inputs"]["tokens_match_cpu"] and plugin["tpu_inputs"]["output_on_input_device"]
     assert plugin["tpu_inputs"]["new_programs_per_token_after_first_call"] == 0
     assert plugin["mixed"]["tokens_match_cpu"]
-    assert plugin["mixed"]["padding_overhead"] >= 1.0
+    assert plugin["mixed"]["padding_overhead"] >= 1.0 and plugin["mixed"]["attention_overhead"] >= 1.0
+    assert set(plugin["decode_bytes"]) == {f"batch1/inputs_{w}/{m}" for w in ("cpu", "tpu") for m in ("greedy", "sample")}
+    for steady in plugin["decode_bytes"].values():  # only token ids cross per step (issue 11's goals)
+        assert steady["d2h_bytes_per_row_step"] <= 16 and steady["h2d_bytes_per_row_step"] <= 64
+        assert steady["new_programs"] == 0
