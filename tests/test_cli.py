@@ -69,6 +69,33 @@ def test_launch_checks_the_script_and_the_module_before_any_worker_starts(tmp_pa
     launch.check_script(Namespace(training_script="pkg.train", module=True, no_python=False), cwd=str(tmp_path))
 
 
+def test_launch_finds_modules_that_an_import_hook_provides(tmp_path, monkeypatch):
+    # Editable installs (pip install -e) put a finder on sys.meta_path, not a directory on sys.path.
+    import importlib.abc
+    import importlib.machinery
+    from argparse import Namespace
+
+    from transformers_tpu_ext import launch
+
+    package = tmp_path / "hidden" / "hooked_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("")
+
+    class Editable(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "hooked_pkg":
+                return importlib.machinery.PathFinder.find_spec(name, [str(tmp_path / "hidden")])
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Editable()])
+    args = Namespace(training_script="hooked_pkg.train", module=True, no_python=False)
+    launch.check_script(args, cwd=str(tmp_path))  # found, not refused
+    missing = Namespace(training_script="hooked_pkg.nope", module=True, no_python=False)
+    with pytest.raises(launch.LaunchError, match="no module named 'hooked_pkg.nope'"):
+        launch.check_script(missing, cwd=str(tmp_path))
+
+
 def test_launch_help_speaks_of_tpus():
     proc = _run("launch", "--help")
     assert proc.returncode == 0
@@ -89,6 +116,14 @@ def test_demo_with_a_model_that_does_not_exist_is_one_line_at_once():
     assert online.returncode == 1
     (line,) = online.stderr.strip().splitlines()
     assert "the Hub cannot be reached" in line and "Traceback" not in online.stderr
+    # A name that cannot be a Hub id: one line as well, not huggingface_hub's validation traceback.
+    invalid = _run("demo", "--model", "my model", timeout=120)
+    assert invalid.returncode == 2
+    (line,) = invalid.stderr.strip().splitlines()
+    assert line == (
+        "transformers-tpu demo: error: --model 'my model': not a local directory and not a valid Hub id; "
+        "pass a local model directory or a Hub id such as Qwen/Qwen3-0.6B."
+    )
 
 
 def test_demo_follows_the_simulate_setting_and_says_its_weights_are_random():

@@ -78,6 +78,19 @@ def test_ci_tests_exactly_the_releases_listed_as_tested():
         assert sorted(run[library], key=Version) == list(versions.tested_versions(library)), library
 
 
+def test_the_running_venv_holds_the_releases_ci_claims_to_test():
+    # What the test above assumes of the main suite, checked where it runs: every venv of CI holds
+    # tested releases only, and the main suite's (torch = bootstrap's pin) the newest of the rest.
+    from importlib import metadata
+
+    installed = {library: Version(metadata.version(library)).base_version for library in LIBRARIES}
+    for library in LIBRARIES:
+        assert installed[library] in versions.tested_versions(library), (library, installed[library])
+    if installed["torch"] == _main_suite_torch():
+        for library in ("transformers", "accelerate", "wrapt"):
+            assert installed[library] == versions.tested_versions(library)[-1], library
+
+
 def test_the_oldest_combination_pins_the_lowest_release_of_every_range():
     oldest, newest = _matrix()["oldest"], _matrix()["newest"]
     for library in LIBRARIES:

@@ -36,6 +36,24 @@ def test_an_unknown_patch_name_in_disable_lists_the_valid_names():
     assert settings.problems({"TRANSFORMERS_TPU_EXT_DISABLE": "1"}) == []
 
 
+@pytest.mark.parametrize("off", ["0", "false", "no", "off", "OFF"])
+def test_disable_set_to_off_disables_nothing_and_warns_nothing(off):
+    from transformers_tpu_ext import config
+
+    assert config.disabled_patches({"TRANSFORMERS_TPU_EXT_DISABLE": off}) == frozenset()
+    assert settings.problems({"TRANSFORMERS_TPU_EXT_DISABLE": off}) == []
+
+
+def test_a_later_serving_call_raises_the_message_that_names_the_variable():
+    from transformers_tpu_ext import serving
+
+    environ = {"TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN": "0"}
+    (problem,) = settings.problems(environ)
+    with pytest.raises(ValueError) as raised:
+        serving.current(environ)
+    assert "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN='0'" in str(raised.value) and str(raised.value) == problem
+
+
 @pytest.mark.parametrize(
     "spec, expected",
     [

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-#: ``1``/``true``/``all`` disables every patch; a comma list of patch names disables those.
+#: ``1``/``true``/``all`` disables every patch, ``0``/``false``/``off`` none; a comma list of patch
+#: names disables those.
 DISABLE_ENV = "TRANSFORMERS_TPU_EXT_DISABLE"
 
 _ALL = {"1", "true", "yes", "on", "all", "*"}
+_NONE = {"0", "false", "no", "off", "none"}
 
 
 def disabled_patches(environ: dict[str, str] | None = None) -> frozenset[str] | None:
@@ -18,6 +20,8 @@ def disabled_patches(environ: dict[str, str] | None = None) -> frozenset[str] | 
     raw = (os.environ if environ is None else environ).get(DISABLE_ENV, "").strip()
     if raw.lower() in _ALL:
         return None
+    if raw.lower() in _NONE:
+        return frozenset()
     return frozenset(part.strip() for part in raw.split(",") if part.strip() and part.strip() != "0")
 
 

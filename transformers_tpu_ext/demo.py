@@ -91,9 +91,16 @@ def resolve_model(name: str, timeout: float = HUB_TIMEOUT) -> str:
     if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise DemoError(f"--model {name!r}: no such directory; pass a local model directory or a Hub id such as Qwen/Qwen3-0.6B.")
     from huggingface_hub import HfApi, try_to_load_from_cache
-    from huggingface_hub.utils import HfHubHTTPError
+    from huggingface_hub.utils import HfHubHTTPError, HFValidationError
 
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise DemoError(
+            f"--model {name!r}: not a local directory and not a valid Hub id; pass a local model directory "
+            "or a Hub id such as Qwen/Qwen3-0.6B."
+        ) from None
+    if isinstance(cached, str):
         return name
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
         raise DemoError(

@@ -122,13 +122,33 @@ def check_script(args: Namespace, cwd: str | None = None) -> None:
 
 
 def _find_module(name: str, path: list[str]) -> Any:
+    """The spec of ``name`` as the workers would find it, without importing anything.
+
+    The top-level package is looked up on ``path`` and then by the interpreter's other finders
+    (editable installs register an import hook on ``sys.meta_path`` instead of a path entry).
+    """
     spec = None
-    for part in name.split("."):
+    for index, part in enumerate(name.split(".")):
         spec = PathFinder.find_spec(part, path)
+        if spec is None and index == 0:
+            spec = _meta_path_spec(part)
         if spec is None:
             return None
         path = list(spec.submodule_search_locations or [])
     return spec
+
+
+def _meta_path_spec(name: str) -> Any:
+    for finder in sys.meta_path:
+        if finder is PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(name, None)
+        except Exception:  # noqa: BLE001 - a broken finder is not the user's mistake
+            continue
+        if spec is not None and spec.origin not in (None, "built-in", "frozen"):
+            return spec
+    return None
 
 
 def _nnodes(value: str) -> int:

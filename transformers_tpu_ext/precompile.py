@@ -56,25 +56,24 @@ def warmup(
                       for p in settings.prompt_ladder() if p <= top} | {top})
     token = _token(model)
     compiled = []
-    progress = Progress(len(rows) * len(prompts), desc="warmup", unit="bucket")
-    for batch in rows:
-        for prompt in prompts:
-            # One masked (left-padding) column, like the padded calls the service will make.
-            ids = torch.full((batch, prompt), token, dtype=torch.long)
-            mask = torch.ones_like(ids)
-            mask[:, 0] = 0
-            # Two tokens: the prefill and one decode step. No end-of-sequence id, so the decode
-            # step always runs (a minimum length would add a processor the service does not use).
-            model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=2,
-                max_cache_len=cache,
-                **{"do_sample": False, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
-            )
-            compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
-            progress.step(f"compiled batch {batch} x prompt {prompt} tokens (cache {cache})")
-    progress.close()
+    with Progress(len(rows) * len(prompts), desc="warmup", unit="bucket") as progress:
+        for batch in rows:
+            for prompt in prompts:
+                # One masked (left-padding) column, like the padded calls the service will make.
+                ids = torch.full((batch, prompt), token, dtype=torch.long)
+                mask = torch.ones_like(ids)
+                mask[:, 0] = 0
+                # Two tokens: the prefill and one decode step. No end-of-sequence id, so the decode
+                # step always runs (a minimum length would add a processor the service does not use).
+                model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=2,
+                    max_cache_len=cache,
+                    **{"do_sample": False, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
+                )
+                compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
+                progress.step(f"compiled batch {batch} x prompt {prompt} tokens (cache {cache})")
     return compiled
 
 

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-__all__ = ["Progress", "bars_enabled"]
+__all__ = ["Progress"]
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -28,12 +28,6 @@ def _transformers_logging() -> Any:
     except Exception:  # noqa: BLE001 - without Transformers: no bar; the log lines still come
         return None
     return hf_logging
-
-
-def bars_enabled() -> bool:
-    """Whether Transformers would show a progress bar now."""
-    hf_logging = _transformers_logging()
-    return bool(hf_logging is not None and hf_logging.is_progress_bar_enabled())
 
 
 class Progress:

@@ -358,6 +358,9 @@ def current(environ: Mapping[str, str] | None = None) -> ServeSettings:
     Raises ``ValueError`` naming the variable when an environment value is invalid.
     """
     environ = os.environ if environ is None else environ
+    problems = check_environment(environ)
+    if problems:
+        raise ValueError("; ".join(problems))
     values: dict[str, Any] = {}
     for name, var in ENV.items():
         raw = environ.get(var, "")
