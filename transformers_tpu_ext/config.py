@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
 #: ``1``/``true``/``all`` disables every patch, ``0``/``false``/``off`` none; a comma list of patch
 #: names disables those.
@@ -42,3 +44,27 @@ def check_environment(environ: dict[str, str] | None = None, names: tuple[str, .
         f"{DISABLE_ENV}={raw!r} names no patch called {', '.join(map(repr, unknown))}, so it disables nothing "
         f"there: use 1 (every patch) or a comma list of {', '.join(names)}"
     ]
+
+
+def check_variables(
+    environ: Mapping[str, str],
+    variables: Mapping[str, str],
+    parse: Callable[[str, str], Any],
+    settings_class: Callable[..., Any],
+) -> list[str]:
+    """One message per invalid variable of a settings dataclass, each naming its variable.
+
+    ``variables`` maps field names to environment variables; each set value is parsed with
+    ``parse(field, raw)`` and checked by building ``settings_class(field=value)`` alone.
+    """
+    problems = []
+    for name, var in variables.items():
+        raw = environ.get(var, "")
+        if not raw.strip():
+            continue
+        try:
+            settings_class(**{name: parse(name, raw)})
+        except ValueError as error:
+            detail = str(error).replace(f"{settings_class.__name__}.{name}", "it")
+            problems.append(detail if var in detail else f"{var}={raw.strip()!r} is invalid: {detail}")
+    return problems

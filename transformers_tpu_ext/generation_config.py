@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import buckets
+from .config import check_variables
 
 __all__ = ["ENV", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
@@ -213,15 +214,4 @@ def reset() -> None:
 
 def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     """One message per invalid generation variable, naming it (checked at activation, and by ``current()``)."""
-    environ = os.environ if environ is None else environ
-    problems = []
-    for name, var in ENV.items():
-        raw = environ.get(var, "")
-        if not raw.strip():
-            continue
-        try:
-            TPUGenerationConfig(**{name: _parse(name, raw)})
-        except ValueError as error:
-            detail = str(error).replace(f"TPUGenerationConfig.{name}", "it")
-            problems.append(detail if var in detail else f"{var}={raw.strip()!r} is invalid: {detail}")
-    return problems
+    return check_variables(os.environ if environ is None else environ, ENV, _parse, TPUGenerationConfig)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .buckets import geometric_ladder, round_up
+from .config import check_variables
 
 __all__ = [
     "DEFAULT_MAX_BATCH_TOKENS",
@@ -376,17 +377,7 @@ def current(environ: Mapping[str, str] | None = None) -> ServeSettings:
 
 def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     """One message per invalid serving variable, naming it (checked at activation, and by ``current()``)."""
-    environ = os.environ if environ is None else environ
-    problems = []
-    for name, var in ENV.items():
-        raw = environ.get(var, "")
-        if not raw.strip():
-            continue
-        try:
-            ServeSettings(**{name: _parse(name, raw)})
-        except ValueError as error:
-            problems.append(str(error) if var in str(error) else f"{var}={raw.strip()!r} is invalid: {error}")
-    return problems
+    return check_variables(os.environ if environ is None else environ, ENV, _parse, ServeSettings)
 
 
 def configure(**changes: Any) -> ServeSettings:
