@@ -30,8 +30,6 @@ TPU); and the bucket policies of prior art evaluated on the same workload.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
 import subprocess
@@ -39,8 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+from _common import emit, run_worker, worker_env, write_report
+
 HERE = Path(__file__).resolve().parent
-MARK = "@@BENCH@@"
 
 
 def mixed_workload(calls: int, max_prompt: int, max_new: int, seed: int = 0) -> list[tuple[int, int, int]]:
@@ -279,24 +278,11 @@ def _compare(with_plugin: list[float], without: list[float], digits: int) -> dic
 # Parent side
 
 
-def _env(**changes: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+_env = worker_env
 
 
 def _run_worker(args: list[str], env: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise RuntimeError(f"worker {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[0][len(MARK):])
+    return run_worker(__file__, args, env)
 
 
 def import_overhead(runs: int) -> dict:
@@ -366,10 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     quick_flag = ["--quick"] if args.quick else []
 
     if args.worker:
-        print(MARK + json.dumps(worker(args.worker, args.quick)), flush=True)
+        emit(worker(args.worker, args.quick))
         return 0
     if args.cpu_overhead:
-        print(MARK + json.dumps(cpu_overhead(sizes(args.quick)["cpu_runs"])), flush=True)
+        emit(cpu_overhead(sizes(args.quick)["cpu_runs"]))
         return 0
 
     started = time.perf_counter()
@@ -393,11 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     report["bucket_policies"] = prior_art(args.quick)
     report["bench_wall_s"] = round(time.perf_counter() - started, 1)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
+    write_report(report, args.output)
     return 0
 
 

@@ -21,15 +21,12 @@ reports the memory it would have used).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-MARK = "@@BENCH@@"
+from _common import emit, run_worker, worker_env, write_report
+
 
 
 def workload(requests: int, max_prompt: int, max_new: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -168,16 +165,8 @@ def _compile_probe(model, gc, prompts) -> dict:
 
 
 def _run_worker(side: str, quick: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **sizes(quick)["serve_env"])
-    if side == "baseline":
-        env["TRANSFORMERS_TPU_EXT_DISABLE"] = "1"
-    args = [sys.executable, str(Path(__file__).resolve()), "--worker", side] + (["--quick"] if quick else [])
-    proc = subprocess.run(args, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise RuntimeError(f"{side} worker failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(lines[0][len(MARK):])
+    env = worker_env(**sizes(quick)["serve_env"], TRANSFORMERS_TPU_EXT_DISABLE="1" if side == "baseline" else None)
+    return run_worker(__file__, ["--worker", side] + (["--quick"] if quick else []), env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(MARK + json.dumps(worker(args.worker, args.quick)), flush=True)
+        emit(worker(args.worker, args.quick))
         return 0
     cfg = sizes(args.quick)
     work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
@@ -212,11 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             "padding_overhead": [base["padding_overhead"], plug["padding_overhead"]],
             "stream_seconds": [base["stream_seconds"], plug["stream_seconds"]],
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
+    write_report(report, args.output)
     return 0
 
 

@@ -36,8 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import emit, run_worker, worker_env, write_report
+
 HERE = Path(__file__).resolve().parent
-MARK = "@@BENCH@@"
 BATCH = 4
 
 
@@ -272,25 +273,11 @@ def rank_worker(out_dir: str, quick: bool) -> None:
 
 
 def _env(**changes: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_") and k != "ACCELERATE_TORCH_DEVICE"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONWARNINGS"] = "ignore"
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+    return worker_env(ACCELERATE_TORCH_DEVICE=None, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **changes)
 
 
 def _run_worker(args: list[str], env: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise RuntimeError(f"worker {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[0][len(MARK):])
+    return run_worker(__file__, args, env)
 
 
 def chips(nproc: int, quick: bool, reference: list[float] | None) -> dict:
@@ -365,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     quick_flag = ["--quick"] if args.quick else []
 
     if args.worker:
-        print(MARK + json.dumps(worker(args.worker, args.quick)), flush=True)
+        emit(worker(args.worker, args.quick))
         return 0
     if args.rank_worker:
         rank_worker(args.rank_worker, args.quick)
@@ -388,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if "plugin" in report:
         report["bucket_policies"] = bucket_policies(report["plugin"].pop("batches"))
     report["bench_wall_s"] = round(time.perf_counter() - started, 1)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
+    write_report(report, args.output)
     return 0
 
 
