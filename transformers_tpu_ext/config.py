@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -68,3 +70,36 @@ def check_variables(
             detail = str(error).replace(f"{settings_class.__name__}.{name}", "it")
             problems.append(detail if var in detail else f"{var}={raw.strip()!r} is invalid: {detail}")
     return problems
+
+
+class Overrides:
+    """The ``configure()`` values of a settings dataclass: validated before they are stored, thread-safe.
+
+    ``what`` names the settings in errors (``"serving"``); the ``sequences`` fields are stored as tuples.
+    """
+
+    def __init__(self, settings_class: Callable[..., Any], what: str, sequences: tuple[str, ...] = ()) -> None:
+        self._class = settings_class
+        self._what = what
+        self._sequences = sequences
+        self._lock = threading.Lock()
+        self._values: dict[str, Any] = {}
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Store ``changes`` on top of the earlier ones; ``TypeError``/``ValueError`` leave nothing changed."""
+        names = {f.name for f in dataclasses.fields(self._class) if f.init}
+        unknown = set(changes) - names
+        if unknown:
+            raise TypeError(f"unknown {self._what} setting(s) {sorted(unknown)}; known: {sorted(names)}")
+        changes = {k: tuple(v) if k in self._sequences and v is not None else v for k, v in changes.items()}
+        with self._lock:
+            self._class(**{**self._values, **changes})  # validate before storing
+            self._values.update(changes)
+
+    def values(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._values)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()

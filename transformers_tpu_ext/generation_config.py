@@ -12,13 +12,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import buckets
-from .config import check_variables
+from .config import Overrides, check_variables
 
 __all__ = ["ENV", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
@@ -163,16 +162,14 @@ def _parse(name: str, raw: str) -> Any:
     return value
 
 
-_lock = threading.Lock()
-_overrides: dict[str, Any] = {}
+_overrides = Overrides(TPUGenerationConfig, "generation", sequences=("prompt_buckets", "batch_buckets", "cache_buckets"))
 
 
 def current(environ: Mapping[str, str] | None = None) -> TPUGenerationConfig:
     """The settings in force now: :func:`configure` overrides > environment > defaults."""
     environ = os.environ if environ is None else environ
     values = {name: environ[var] for name, var in ENV.items() if environ.get(var, "").strip()}
-    with _lock:
-        overrides = dict(_overrides)
+    overrides = _overrides.values()
     return _build(tuple(sorted(values.items())), tuple(sorted(overrides.items(), key=lambda kv: kv[0])))
 
 
@@ -191,25 +188,13 @@ def configure(**changes: Any) -> TPUGenerationConfig:
 
     ``configure(prompt_buckets=(32, 128, 512), prefill_chunk=512)``; ``reset()`` undoes it.
     """
-    names = {f.name for f in dataclasses.fields(TPUGenerationConfig) if f.init}
-    unknown = set(changes) - names
-    if unknown:
-        raise TypeError(f"unknown generation setting(s) {sorted(unknown)}; known: {sorted(names)}")
-    for key in ("prompt_buckets", "batch_buckets", "cache_buckets"):
-        if changes.get(key) is not None:
-            changes[key] = tuple(changes[key])
-    with _lock:
-        candidate = {**_overrides, **changes}
-    TPUGenerationConfig(**candidate)  # validate before storing
-    with _lock:
-        _overrides.update(changes)
+    _overrides.update(changes)
     return current()
 
 
 def reset() -> None:
     """Forget every :func:`configure` call (environment variables and defaults apply again)."""
-    with _lock:
-        _overrides.clear()
+    _overrides.clear()
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -25,15 +25,13 @@ shape; the rest becomes cache pages.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .buckets import geometric_ladder, round_up
-from .config import check_variables
+from .config import Overrides, check_variables
 
 __all__ = [
     "DEFAULT_MAX_BATCH_TOKENS",
@@ -349,8 +347,7 @@ def _parse(name: str, raw: str) -> Any:
         raise ValueError(f"{where}: expected {kind}") from None
 
 
-_lock = threading.Lock()
-_overrides: dict[str, Any] = {}
+_overrides = Overrides(ServeSettings, "serving", sequences=("token_buckets", "request_buckets"))
 
 
 def current(environ: Mapping[str, str] | None = None) -> ServeSettings:
@@ -367,8 +364,7 @@ def current(environ: Mapping[str, str] | None = None) -> ServeSettings:
         raw = environ.get(var, "")
         if raw.strip():
             values[name] = _parse(name, raw)
-    with _lock:
-        values.update(_overrides)
+    values.update(_overrides.values())
     try:
         return ServeSettings(**values)
     except ValueError as error:
@@ -382,25 +378,13 @@ def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
 
 def configure(**changes: Any) -> ServeSettings:
     """Set serving settings for this process (they win over environment variables)."""
-    names = {f.name for f in dataclasses.fields(ServeSettings)}
-    unknown = set(changes) - names
-    if unknown:
-        raise TypeError(f"unknown serving setting(s) {sorted(unknown)}; known: {sorted(names)}")
-    for key in ("token_buckets", "request_buckets"):
-        if changes.get(key) is not None:
-            changes[key] = tuple(changes[key])
-    with _lock:
-        candidate = {**_overrides, **changes}
-    ServeSettings(**candidate)  # validate before storing
-    with _lock:
-        _overrides.update(changes)
+    _overrides.update(changes)
     return current()
 
 
 def reset() -> None:
     """Forget every :func:`configure` call."""
-    with _lock:
-        _overrides.clear()
+    _overrides.clear()
 
 
 @dataclass
