@@ -1,7 +1,7 @@
 """Activation: lazy, idempotent, thread-safe, reversible.
 
 ``activate()`` checks the settings (one warning per invalid ``TRANSFORMERS_TPU_EXT_*`` value), then
-registers one wrapt post-import hook per enabled patch on its ``TARGET`` module (the hook fires at
+registers one post-import hook (``_post_import``) per enabled patch on its ``TARGET`` module (the hook fires at
 once when the module is already imported). When it fires, the hook checks that the plugin is still
 active (post-import hooks cannot be unregistered), passes the version gate, then calls the patch's
 ``apply``. ``deactivate()`` reverts every applied patch, in reverse order. ``status()`` tells each
@@ -22,7 +22,7 @@ import threading
 from types import ModuleType
 from typing import Callable
 
-from . import config, log
+from . import _post_import, config, log
 from .log import TransformersTPUExtWarning
 from .patches import REGISTRY
 
@@ -56,8 +56,6 @@ def _patch_module(name: str) -> ModuleType:
 def activate() -> None:
     """Turn the plugin on. Safe to call any number of times, from any thread."""
     global _active
-    import wrapt
-
     # Import the patch modules before taking the lock: an import may have to wait for another
     # thread's import, whose post-import hook may be waiting for the lock.
     targets: dict[str, str] = {}
@@ -95,7 +93,7 @@ def activate() -> None:
     warn_about_problems()
     # Outside the lock: applying a patch may import modules whose own hooks need the lock.
     for name in new_hooks:
-        wrapt.register_post_import_hook(functools.partial(_on_import, name), targets[name])
+        _post_import.register(functools.partial(_on_import, name), targets[name])
     for name, module in already_imported:
         _on_import(name, module)
 
@@ -103,8 +101,8 @@ def activate() -> None:
 class _ImportWatch:
     """Mixin swapped onto a module's ``ModuleSpec`` while the module is still being imported.
 
-    A post-import hook can see a module before its code has finished: wrapt fires hooks from inside
-    ``exec_module``, and fires a newly registered hook at once for a module that is in
+    A post-import hook can see a module before its code has finished: the hooks fire from inside
+    the loader's ``exec_module``, and a newly registered hook fires at once for a module that is in
     ``sys.modules`` while it still executes (the entry point runs inside ``import torch``, which a
     Transformers module may be in the middle of; or another thread is importing it). The import
     system clears ``spec._initializing`` once the module's code has run; the callbacks queued here
