@@ -19,6 +19,15 @@ from . import log
 __all__ = ["CHECKS", "problems", "warn_about_problems"]
 
 
+def _error_of(check: Callable[[], object]) -> list[str]:
+    """``[message]`` when ``check()`` raises ``ValueError`` (the parsers name their variable), else ``[]``."""
+    try:
+        check()
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
 def _disable(environ: Mapping[str, str]) -> list[str]:
     from . import activation, config
 
@@ -48,23 +57,13 @@ def _placement(environ: Mapping[str, str]) -> list[str]:
     from . import placement
 
     raw = environ.get(placement.HEADROOM_ENV, "").strip()
-    if not raw:
-        return []
-    try:
-        placement.parse_headroom(raw)
-    except ValueError as error:
-        return [str(error)]
-    return []
+    return _error_of(lambda: placement.parse_headroom(raw)) if raw else []
 
 
 def _tensor_parallel(environ: Mapping[str, str]) -> list[str]:
     from . import tp_plans
 
-    try:
-        tp_plans.rewrite_mode(environ)
-    except ValueError as error:
-        return [str(error)]
-    return []
+    return _error_of(lambda: tp_plans.rewrite_mode(environ))
 
 
 def _serving(environ: Mapping[str, str]) -> list[str]:
@@ -76,11 +75,7 @@ def _serving(environ: Mapping[str, str]) -> list[str]:
 def _training(environ: Mapping[str, str]) -> list[str]:
     from . import batch_buckets
 
-    try:
-        batch_buckets.settings(environ)
-    except ValueError as error:
-        return [str(error)]
-    return []
+    return _error_of(lambda: batch_buckets.settings(environ))
 
 
 def _verbosity(environ: Mapping[str, str]) -> list[str]:
