@@ -10,16 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import _bench
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_serve.py"
 
 
 def _load():
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench_serve
-    finally:
-        sys.path.pop(0)
-    return bench_serve
+    return _bench.load(BENCH)
 
 
 def test_workload_is_fixed_and_spans_the_issue_ranges():

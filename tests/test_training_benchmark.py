@@ -10,18 +10,14 @@ from pathlib import Path
 
 import pytest
 
+import _bench
 import _training
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_train.py"
 
 
 def _load():
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench_train
-    finally:
-        sys.path.pop(0)
-    return bench_train
+    return _bench.load(BENCH)
 
 
 def test_bucket_policies_are_compared_on_the_same_batches():
