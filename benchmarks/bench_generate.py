@@ -158,7 +158,7 @@ def worker(side: str, quick: bool) -> dict:
     second = sum((d for d, _, _ in per_call[half:]), type(per_call[0][0])())
     total = first + second
     tokens = sum(t for _, t, _ in per_call)
-    from transformers_tpu_ext.buckets import attention_overhead, padding_overhead
+    from transformers_tpu_ext.generation.buckets import attention_overhead, padding_overhead
 
     result["mixed"] = {
         "calls": len(workload),
@@ -227,7 +227,7 @@ def _planner(side: str):
     """``(batch, prompt) -> (padded batch, padded prompt)`` for the side's policy."""
     if not SIDES[side]["plugin"]:
         return lambda batch, length: (batch, length)
-    from transformers_tpu_ext import generation_config
+    from transformers_tpu_ext.generation import config as generation_config
 
     settings = generation_config.current()
     # the workload's prompts have no padding: the patch reserves one padding column for them
@@ -301,17 +301,19 @@ def import_overhead(runs: int) -> dict:
 
 def prior_art(quick: bool) -> dict:
     """Bucket policies on the same workload: distinct prefill shapes and padding overhead."""
-    from transformers_tpu_ext import buckets, generation_config
+    from transformers_tpu_ext import ladders
+    from transformers_tpu_ext.generation import buckets
+    from transformers_tpu_ext.generation import config as generation_config
 
     cfg = sizes(quick)
     workload = mixed_workload(cfg["calls"], cfg["max_prompt"], cfg["max_new"])
     ours = generation_config.current()
-    pow2 = buckets.geometric_ladder(1, 1 << 20, 1, 1)
+    pow2 = ladders.geometric_ladder(1, 1 << 20, 1, 1)
     policies = {
         # vLLM TPU: token counts padded to powers of two, minimum bucket 16.
-        "pow2_min16 (vLLM TPU)": lambda b, p: (buckets.round_up(b, pow2), buckets.round_up(max(p, 16), pow2), None),
+        "pow2_min16 (vLLM TPU)": lambda b, p: (ladders.round_up(b, pow2), ladders.round_up(max(p, 16), pow2), None),
         # optimum-habana: prompt padded to a multiple of bucket_size (128 in its examples).
-        "linear_128 (optimum-habana)": lambda b, p: (buckets.round_up(b, pow2), buckets.round_up(p, range(128, 1 << 16, 128)), None),
+        "linear_128 (optimum-habana)": lambda b, p: (ladders.round_up(b, pow2), ladders.round_up(p, range(128, 1 << 16, 128)), None),
         "ours": lambda b, p: (lambda plan: (plan.batch, plan.prompt, plan.chunk))(ours.plan(b, p, 1, min_padding=1)),
     }
     report = {}

@@ -310,7 +310,8 @@ def chips(nproc: int, quick: bool, reference: list[float] | None) -> dict:
 
 def bucket_policies(batches: list[list[int]]) -> dict:
     """Distinct padded shapes and tokens computed / needed, per policy, on the run's batches."""
-    from transformers_tpu_ext import batch_buckets, buckets
+    from transformers_tpu_ext.training import buckets as batch_buckets
+    from transformers_tpu_ext import ladders
 
     needed = sum(tokens for _, _, tokens in batches)
 
@@ -333,7 +334,7 @@ def bucket_policies(batches: list[list[int]]) -> dict:
             "padding_overhead": round(sum(r * n for r, n, _ in batches) / needed, 3),
         },
         "fixed_128 (pad to max_length)": evaluate(lambda n, used: 128),
-        "pow2 ladder": evaluate(lambda n, used: buckets.round_up(n, pow2)),
+        "pow2 ladder": evaluate(lambda n, used: ladders.round_up(n, pow2)),
         "2 rungs/octave, no reuse": evaluate(lambda n, used: batch_buckets.choose_length(n, ladder, used, 1.0)),
         "ours (2 rungs/octave, reuse 1.5)": evaluate(lambda n, used: batch_buckets.choose_length(n, ladder, used, 1.5)),
     }

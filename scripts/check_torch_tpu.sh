@@ -126,8 +126,8 @@ PY
 # The tests that need no simulated TPU.
 cd "$root"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_activation.py tests/test_activation_subprocess.py tests/test_compat.py \
-    tests/test_generation_config.py tests/test_buckets.py tests/test_tp_plans.py tests/test_topology.py \
-    tests/test_settings.py \
-    "tests/test_faults.py::test_a_failing_entry_point_is_one_warning_and_import_torch_works" "$@"
+    tests/core/test_activation.py tests/core/test_activation_subprocess.py tests/core/test_compat.py \
+    tests/generation/test_generation_config.py tests/generation/test_buckets.py tests/parallelism/test_tp_plans.py tests/core/test_topology.py \
+    tests/core/test_settings.py \
+    "tests/core/test_faults.py::test_a_failing_entry_point_is_one_warning_and_import_torch_works" "$@"
 echo "check_torch_tpu: passed in $((SECONDS - started)) s" >&2

@@ -27,10 +27,10 @@ COMBINATIONS=(
     "newest|torch==2.15.0 transformers==5.24.0 accelerate==1.15.0 wrapt==2.5.2"
 )
 COMPAT_TESTS=(
-    tests/test_activation.py tests/test_backend.py tests/test_compat.py tests/test_doctor.py
-    tests/test_faults.py tests/test_generation.py tests/test_kernels.py tests/test_pipeline_device.py
-    tests/test_placement.py tests/test_settings.py tests/test_simulated_tpu.py tests/test_tiny.py
-    tests/test_tp_patch.py
+    tests/core/test_activation.py tests/core/test_backend.py tests/core/test_compat.py tests/cli/test_doctor.py
+    tests/core/test_faults.py tests/generation/test_generation.py tests/kernels/test_kernels.py tests/placement/test_pipeline_device.py
+    tests/placement/test_placement.py tests/core/test_settings.py tests/simulator/test_simulated_tpu.py tests/simulator/test_tiny.py
+    tests/parallelism/test_tp_patch.py
 )
 
 # torch above the machine's pip cap (/etc/xdg/pip: torch<=2.14.1) is pinned exactly here, so lifting

@@ -16,7 +16,7 @@ def report(value):
     print("@@RESULT@@" + json.dumps(value), flush=True)
 def patched_targets():
     from transformers_tpu_ext import activation
-    return [n for n in activation.REGISTRY if activation._patch_module(n).TARGET in sys.modules]
+    return [n for n in activation.registry.REGISTRY if activation._patch_module(n).TARGET in sys.modules]
 """
 
 

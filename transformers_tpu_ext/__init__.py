@@ -37,7 +37,7 @@ __all__ = [
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy exports keep `import transformers_tpu_ext` cheap
     if name == "warmup":
-        from .precompile import warmup
+        from .generation.precompile import warmup
 
         return warmup
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

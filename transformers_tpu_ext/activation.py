@@ -24,7 +24,7 @@ from typing import Callable
 
 from . import _post_import, config, log
 from .log import TransformersTPUExtWarning
-from .patches import REGISTRY
+from . import registry
 
 __all__ = [
     "TransformersTPUExtWarning",
@@ -50,7 +50,7 @@ _noted_untested: set[str] = set()  # distributions whose "untested release" note
 
 
 def _patch_module(name: str) -> ModuleType:
-    return importlib.import_module(f"{__package__}.patches.{name}")
+    return importlib.import_module(registry.module_name(name))
 
 
 def activate() -> None:
@@ -60,7 +60,7 @@ def activate() -> None:
     # thread's import, whose post-import hook may be waiting for the lock.
     targets: dict[str, str] = {}
     broken: dict[str, str] = {}
-    for name in REGISTRY:
+    for name in registry.REGISTRY:
         try:
             targets[name] = _patch_module(name).TARGET
         except Exception as error:  # noqa: BLE001 - one broken patch module must not stop the others
@@ -72,7 +72,7 @@ def activate() -> None:
         disabled = config.disabled_patches()
         new_hooks: list[str] = []
         already_imported: list[tuple[str, ModuleType]] = []
-        for name in REGISTRY:
+        for name in registry.REGISTRY:
             if disabled is None or name in disabled:
                 _skipped[name] = f"disabled by {config.DISABLE_ENV}"
                 continue
@@ -204,7 +204,7 @@ def _on_import(name: str, module: ModuleType) -> None:
 
 def _patches_of(distribution: str) -> list[str]:
     names = []
-    for name in REGISTRY:
+    for name in registry.REGISTRY:
         try:
             if _patch_module(name).DISTRIBUTION == distribution:
                 names.append(name)
@@ -261,7 +261,7 @@ def is_active() -> bool:
 def active_patches() -> list[str]:
     """Names of the patches applied right now, in registry order."""
     with _lock:
-        return [name for name in REGISTRY if name in _applied]
+        return [name for name in registry.REGISTRY if name in _applied]
 
 
 def status() -> dict[str, str]:
@@ -277,7 +277,7 @@ def status() -> dict[str, str]:
     """
     with _lock:
         states = {}
-        for name in REGISTRY:
+        for name in registry.REGISTRY:
             reason = _skipped.get(name, "")
             if name in _applied:
                 states[name] = "applied"

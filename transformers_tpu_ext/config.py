@@ -35,7 +35,7 @@ def check_environment(environ: dict[str, str] | None = None, names: tuple[str, .
     ``names``: the patch names (default: the registry).
     """
     if names is None:
-        from .patches import REGISTRY as names
+        from .registry import REGISTRY as names
 
     disabled = disabled_patches(environ)
     unknown = sorted(disabled - set(names)) if disabled else []

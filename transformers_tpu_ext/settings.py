@@ -29,9 +29,9 @@ def _error_of(check: Callable[[], object]) -> list[str]:
 
 
 def _disable(environ: Mapping[str, str]) -> list[str]:
-    from . import activation, config
+    from . import config
 
-    return config.check_environment(dict(environ), names=tuple(activation.REGISTRY))
+    return config.check_environment(dict(environ))
 
 
 def _simulate(environ: Mapping[str, str]) -> list[str]:
@@ -48,32 +48,32 @@ def _simulate(environ: Mapping[str, str]) -> list[str]:
 
 
 def _generation(environ: Mapping[str, str]) -> list[str]:
-    from . import generation_config
+    from .generation import config as generation_config
 
     return generation_config.check_environment(environ)
 
 
 def _placement(environ: Mapping[str, str]) -> list[str]:
-    from . import placement
+    from .placement import budget as placement
 
     raw = environ.get(placement.HEADROOM_ENV, "").strip()
     return _error_of(lambda: placement.parse_headroom(raw)) if raw else []
 
 
 def _tensor_parallel(environ: Mapping[str, str]) -> list[str]:
-    from . import tp_plans
+    from .parallelism import tp_plans
 
     return _error_of(lambda: tp_plans.rewrite_mode(environ))
 
 
 def _serving(environ: Mapping[str, str]) -> list[str]:
-    from . import serving
+    from .serving import policy as serving
 
     return serving.check_environment(environ)
 
 
 def _training(environ: Mapping[str, str]) -> list[str]:
-    from . import batch_buckets
+    from .training import buckets as batch_buckets
 
     return _error_of(lambda: batch_buckets.settings(environ))
 

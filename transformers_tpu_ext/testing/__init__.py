@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .counters import Counters
 
 if TYPE_CHECKING:
-    from .simulator import SimulatedTPU
+    from .instance import SimulatedTPU
 
 __all__ = ["Counters", "SimulatedTPU", "install", "install_from_env", "is_installed", "simulated_tpu"]
 
@@ -46,21 +46,21 @@ def is_installed() -> bool:
     """Whether the simulated TPU is installed in this process (never imports torch)."""
     import sys
 
-    simulator = sys.modules.get(__name__ + ".simulator")
-    return bool(simulator is not None and simulator.is_installed())
+    instance = sys.modules.get(__name__ + ".instance")
+    return bool(instance is not None and instance.is_installed())
 
 
 def simulated_tpu() -> SimulatedTPU | None:
     """The installed simulator, or ``None``."""
     import sys
 
-    simulator = sys.modules.get(__name__ + ".simulator")
-    return None if simulator is None else simulator.simulated_tpu()
+    instance = sys.modules.get(__name__ + ".instance")
+    return None if instance is None else instance.simulated_tpu()
 
 
 def __getattr__(name: str) -> Any:
     if name == "SimulatedTPU":
-        from .simulator import SimulatedTPU
+        from .instance import SimulatedTPU
 
         return SimulatedTPU
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,7 +45,7 @@ CHIPS: dict[str, Chip] = {
 
 def parse_bytes(text: str | int) -> int:
     """``"1GiB"`` → 1073741824, ``"16GB"`` → 16000000000, ``"4096"`` → 4096."""
-    from ..placement import parse_size  # one size syntax for the whole project
+    from ..placement.budget import parse_size  # one size syntax for the whole project
 
     return text if isinstance(text, int) else parse_size(text)
 

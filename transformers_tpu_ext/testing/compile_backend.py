@@ -26,7 +26,7 @@ INDUCTOR_REFUSAL = (
 def tpu_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., Any]:
     if kwargs:
         raise TypeError(f"Unexpected keyword arguments: {kwargs}")
-    from .simulator import simulated_tpu
+    from .instance import simulated_tpu
 
     sim = simulated_tpu()
     if sim is not None:

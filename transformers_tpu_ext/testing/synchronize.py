@@ -20,7 +20,7 @@ _registered = False
 def _synchronize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     import torch
 
-    from .simulator import simulated_tpu
+    from .instance import simulated_tpu
 
     sim = simulated_tpu()
     device = args[0] if args else kwargs.get("device")

@@ -32,7 +32,7 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
     ``nproc_per_node`` defaults to the number of attached chips. Raises
     ``RuntimeError: No TPU topology found for count: N`` for a count the generation lacks.
     """
-    from .simulator import simulated_tpu
+    from .instance import simulated_tpu
 
     sim = simulated_tpu()
     if sim is None:  # pragma: no cover - registered by install()

@@ -32,7 +32,7 @@ __all__ = [
 
 
 def _sim() -> Any:
-    from .simulator import simulated_tpu
+    from .instance import simulated_tpu
 
     sim = simulated_tpu()
     if sim is None:  # pragma: no cover - the module is registered by install()

@@ -1,0 +1,117 @@
+"""``transformers-tpu doctor``: versions, the TPU seen, patch state and known problems."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from transformers_tpu_ext.cli import doctor
+
+
+def _line(text: str, label: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(label))
+
+
+def _doctor(capsys, *argv: str) -> str:
+    assert doctor.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+@pytest.fixture
+def v6e(simulated_tpu, monkeypatch):
+    monkeypatch.delenv("TRANSFORMERS_TPU_EXT_DISABLE", raising=False)
+    simulated_tpu.configure(chips=4, generation="v6e")
+    return simulated_tpu
+
+
+def test_text_report_on_the_simulated_tpu(v6e, capsys):
+    out = _doctor(capsys)
+    assert "TPU v6e" in out and "(simulated TPU, not a chip)" in out
+    assert "chips         4" in out
+    assert "32.0 GiB" in out
+    assert "process counts per host: 1, 4, 8" in out
+    assert "hub_kernels" in _line(out, "active")
+    for dist in ("torch", "torch_tpu", "libtpu", "transformers", "accelerate", "wrapt", "jax", "kernels"):
+        assert f"\n  {dist} " in out
+
+
+def test_json_report_on_the_simulated_tpu(v6e, capsys):
+    v6e.configure(chips=8, generation="v7")
+    report = json.loads(_doctor(capsys, "--json"))
+    tpu = report["tpu"]
+    assert (tpu["available"], tpu["generation"], tpu["chips"]) == (True, "v7", 8)
+    assert tpu["hbm_bytes"] == 192 * 2**30
+    assert tpu["process_counts"] == [2, 4, 8]
+    assert tpu["simulated"] is True
+    assert "hub_kernels" in report["patches"]["active"]
+    assert report["versions"]["transformers"]["installed"] and report["versions"]["transformers"]["ok"] is True
+    assert report["versions"]["torch_tpu"]["supported"]  # from the package's `tpu` extra
+
+
+def test_json_report_without_a_tpu(v6e, capsys):
+    with v6e.hidden():
+        report = json.loads(_doctor(capsys, "--json"))
+    assert report["tpu"]["available"] is False
+    assert "chips" not in report["tpu"]
+
+
+def test_text_report_without_a_tpu_from_the_command_line_with_a_disabled_patch(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    env["TRANSFORMERS_TPU_EXT_DISABLE"] = "hub_kernels"
+    proc = subprocess.run(
+        [sys.executable, "-m", "transformers_tpu_ext.cli", "doctor"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "none seen" in proc.stdout and "the plugin changes nothing" in proc.stdout
+    assert "hub_kernels" not in _line(proc.stdout, "active")
+    assert "hub_kernels: disabled by TRANSFORMERS_TPU_EXT_DISABLE" in _line(proc.stdout, "hub_kernels:")
+    assert "Known problems" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+# ---- known problems (pure) ----------------------------------------------------------------
+
+
+def _report(**versions: str | None) -> dict:
+    entries = {
+        dist: {"installed": versions.get(dist), "supported": None, "ok": None} for dist in doctor.DISTRIBUTIONS
+    }
+    return {"versions": entries, "tpu": {"available": True, "process_counts": [1, 4, 8]}, "environment": {}}
+
+
+def test_kernels_without_jax_on_tpu_names_the_install_command():
+    problems = doctor.known_problems(_report(kernels="0.18.2"))
+    assert any('pip install "transformers[kernels]" jax' in p for p in problems)
+    assert doctor.known_problems(_report(kernels="0.18.2", jax="0.7.0")) == []
+
+
+def test_old_kernels_has_no_tpu_support():
+    problems = doctor.known_problems(_report(kernels="0.16.0", jax="0.7.0"))
+    assert any("0.17" in p for p in problems)
+
+
+def test_unsupported_transformers_is_a_problem():
+    report = _report()
+    report["versions"]["transformers"] = {"installed": "5.30.0", "supported": ">=5.24,<5.25", "ok": False}
+    (problem,) = doctor.known_problems(report)
+    assert "transformers 5.30.0" in problem and ">=5.24,<5.25" in problem
+
+
+def test_torch_tpu_without_a_chip_and_autoload_disabled():
+    report = _report(torch_tpu="0.2.0", libtpu="0.0.50")
+    report["tpu"] = {"available": False, "accelerator": None}
+    report["environment"] = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    problems = doctor.known_problems(report)
+    assert any("no TPU is seen" in p for p in problems)
+    assert any("TORCH_DEVICE_BACKEND_AUTOLOAD=0" in p for p in problems)
+
+
+def test_tpu_visible_devices_does_not_restrict_chips():
+    report = _report()
+    report["environment"] = {"TPU_VISIBLE_DEVICES": "0,1"}
+    assert any("TPU_VISIBLE_DEVICES" in p for p in doctor.known_problems(report))

@@ -1,0 +1,56 @@
+"""The generation benchmark: a smoke run of ``benchmarks/bench_generate.py --quick``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import _bench
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_generate.py"
+
+
+def _load():
+    return _bench.load(BENCH)
+
+
+def test_workload_is_fixed_and_spans_the_issue_ranges():
+    bench = _load()
+    calls = bench.mixed_workload(24, 200, 48)
+    assert calls == bench.mixed_workload(24, 200, 48)
+    assert len(calls) == 24 and {b for b, _, _ in calls} <= {1, 2, 3}
+    assert max(p for _, p, _ in calls) > 150 and min(p for _, p, _ in calls) < 50
+    assert all(1 <= n <= 48 for _, _, n in calls)
+
+
+def test_our_policy_beats_powers_of_two_on_the_workload():
+    policies = _load().prior_art(quick=False)
+    ours, pow2 = policies["ours"], policies["pow2_min16 (vLLM TPU)"]
+    assert ours["padding_overhead"] < pow2["padding_overhead"]
+
+
+@pytest.mark.slow
+def test_quick_run_prints_the_json_report(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    out = tmp_path / "run.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--sides", "plugin", "--no-overhead", "--output", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report == json.loads(out.read_text())
+    plugin = report["plugin"]
+    assert plugin["tpu_inputs"]["tokens_match_cpu"] and plugin["tpu_inputs"]["output_on_input_device"]
+    assert plugin["tpu_inputs"]["new_programs_per_token_after_first_call"] == 0
+    assert plugin["mixed"]["tokens_match_cpu"]
+    assert plugin["mixed"]["padding_overhead"] >= 1.0 and plugin["mixed"]["attention_overhead"] >= 1.0
+    assert set(plugin["decode_bytes"]) == {f"batch1/inputs_{w}/{m}" for w in ("cpu", "tpu") for m in ("greedy", "sample")}
+    for steady in plugin["decode_bytes"].values():  # only token ids cross per step (issue 11's goals)
+        assert steady["d2h_bytes_per_row_step"] <= 16 and steady["h2d_bytes_per_row_step"] <= 64
+        assert steady["new_programs"] == 0

@@ -1,0 +1,115 @@
+"""Hub kernels on TPU without jax: one clear error naming the install command.
+
+``kernels`` is not installed here, and it need not be: on TPU the patches (``hub_kernels`` on
+``transformers.integrations.hub_kernels``, ``use_kernels`` on ``PreTrainedModel.set_use_kernels``)
+check for jax before Transformers looks for ``kernels`` (the command they name installs both).
+Whether jax is installed is set per test through ``hub_kernels.jax_installed``, so the tests hold on
+a machine that has jax.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from _subprocess import run_python
+
+from transformers_tpu_ext.kernels import patch_hub_kernels as hub_kernels
+
+INSTALL = re.escape('pip install "transformers[kernels]" jax')
+
+needs_no_kernels = pytest.mark.skipif(
+    importlib.util.find_spec("kernels") is not None, reason="upstream behaviour below assumes kernels is absent"
+)
+
+
+@pytest.fixture
+def no_jax(monkeypatch):
+    monkeypatch.setattr(hub_kernels, "jax_installed", lambda: False)
+
+
+@pytest.fixture
+def tpu_model(simulated_tpu):
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    return tiny_model("llama", vocab_size=128).to("tpu")
+
+
+def test_use_kernels_on_tpu_without_jax_names_the_install_command(tpu_model, no_jax):
+    assert tpu_model.device.type == "tpu"
+    with pytest.raises(ImportError, match=INSTALL) as info:
+        tpu_model.set_use_kernels(True)
+    assert "jax" in str(info.value) and "tpu" in str(info.value)
+    with pytest.raises(ImportError, match=INSTALL):
+        tpu_model.use_kernels = True  # the property setter goes through set_use_kernels
+
+
+def test_hub_attention_kernel_on_a_tpu_host_without_jax(simulated_tpu, no_jax):
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    with pytest.raises(ImportError, match=INSTALL) as info:
+        tiny_model("llama", vocab_size=128, attn_implementation="kernels-community/flash-attn2")
+    assert "kernels-community/flash-attn2" in str(info.value)
+
+
+def test_kernelize_on_tpu_without_jax(tpu_model, no_jax):
+    from transformers.integrations.hub_kernels import kernelize
+
+    with pytest.raises(ImportError, match=INSTALL):
+        kernelize(tpu_model)
+
+
+KERNELIZE_FIRST = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from transformers import kernelize   # resolved before transformers.modeling_utils is imported
+early = "transformers.modeling_utils" not in sys.modules
+from transformers_tpu_ext import testing
+from transformers_tpu_ext.kernels import patch_hub_kernels as hub_kernels
+from transformers_tpu_ext.testing.tiny import tiny_model
+hub_kernels.jax_installed = lambda: False
+testing.install()
+model = tiny_model("llama", vocab_size=128).to("tpu")
+try:
+    kernelize(model)
+    report([early, "no error"])
+except Exception as error:
+    report([early, type(error).__name__, str(error)])
+"""
+
+
+def test_kernelize_imported_from_transformers_first_names_the_install_command():
+    (early, kind, message), _ = run_python(KERNELIZE_FIRST)
+    assert early is True
+    assert kind == "ImportError" and re.search(INSTALL, message) and "kernelize() on tpu" in message
+    # Without the patch, that kernelize is upstream's: no word of jax (here it fails about `kernels`).
+    unpatched, _ = run_python(KERNELIZE_FIRST, env={"TRANSFORMERS_TPU_EXT_DISABLE": "hub_kernels"})
+    assert unpatched[0] is True and "jax" not in " ".join(unpatched[1:])
+
+
+@needs_no_kernels
+def test_without_a_tpu_the_upstream_error_is_unchanged(simulated_tpu, no_jax):
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("llama", vocab_size=128)  # on CPU
+    with pytest.raises(ValueError, match="Kernels are not available") as info:
+        model.set_use_kernels(True)
+    assert "jax" not in str(info.value)
+    with simulated_tpu.hidden():
+        with pytest.raises(ImportError) as info:
+            tiny_model("llama", vocab_size=128, attn_implementation="kernels-community/flash-attn2")
+    assert "jax" not in str(info.value) and "kernels" in str(info.value)
+
+
+@needs_no_kernels
+def test_with_jax_installed_transformers_reports_the_missing_kernels(tpu_model, monkeypatch):
+    monkeypatch.setattr(hub_kernels, "jax_installed", lambda: True)
+    with pytest.raises(ValueError, match="Kernels are not available"):
+        tpu_model.set_use_kernels(True)
+
+
+def test_use_kernels_false_is_untouched(tpu_model, no_jax):
+    tpu_model.set_use_kernels(False)
+    assert tpu_model.use_kernels is False

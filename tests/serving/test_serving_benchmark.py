@@ -1,0 +1,47 @@
+"""The serving benchmark: its workload, and a smoke run of ``benchmarks/bench_serve.py --quick``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import _bench
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_serve.py"
+
+
+def _load():
+    return _bench.load(BENCH)
+
+
+def test_workload_is_fixed_and_spans_the_issue_ranges():
+    bench = _load()
+    work = bench.workload(100, 300, 64)
+    assert work == bench.workload(100, 300, 64) and len(work) == 100
+    assert min(p for p, _ in work) < 10 and max(p for p, _ in work) > 290
+    assert min(n for _, n in work) <= 2 and max(n for _, n in work) >= 60
+    assert [p for p, _ in work] != sorted(p for p, _ in work)  # mixed order
+
+
+@pytest.mark.slow
+def test_quick_run_prints_the_json_report(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    out = tmp_path / "serve.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--sides", "plugin", "--output", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report == json.loads(out.read_text())
+    plugin = report["plugin"]
+    assert plugin["tokens_match_cpu"] and plugin["compile_backend"] == "tpu"
+    assert plugin["programs_after_warmup"] == 0
+    assert plugin["warmup"]["graphs_compiled"] == plugin["plan"]["step_shapes"]
+    assert plugin["kv_cache_within_budget"] and plugin["kv_cache_fraction_of_budget"] >= 0.8
+    assert plugin["padding_overhead"] >= 1.0

@@ -1,0 +1,144 @@
+"""The serving policy (``transformers_tpu_ext.serving``): plain functions, millisecond tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformers_tpu_ext.serving import policy as serving
+
+
+def test_ladders_double_from_the_vllm_tpu_anchors_up_to_the_limit():
+    assert serving.token_ladder(256) == (16, 32, 64, 128, 256)
+    assert serving.token_ladder(300) == (16, 32, 64, 128, 256, 300)
+    assert serving.request_ladder(32) == (8, 16, 32)
+    assert serving.request_ladder(100) == (8, 16, 32, 64, 100)
+    assert serving.token_ladder(10) == (10,)
+    assert serving.request_ladder(4) == (4,)
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        serving.token_ladder(0)
+
+
+def test_step_shape_pads_tokens_and_requests_and_never_more_requests_than_tokens():
+    tokens, requests = serving.token_ladder(256), serving.request_ladder(32)
+    assert serving.step_shape(1, 1, tokens, requests) == (16, 8)
+    assert serving.step_shape(17, 3, tokens, requests) == (32, 8)
+    assert serving.step_shape(20, 20, tokens, requests) == (32, 32)
+    assert serving.step_shape(256, 32, tokens, requests) == (256, 32)
+    # A custom request ladder above the token rung is clamped to it.
+    assert serving.step_shape(9, 9, (16, 32), (8, 100)) == (16, 16)
+    with pytest.raises(ValueError, match="past the largest bucket"):
+        serving.step_shape(257, 3, tokens, requests)
+    with pytest.raises(ValueError, match="at least one token per request"):
+        serving.step_shape(2, 3, tokens, requests)
+
+
+@pytest.mark.parametrize("max_tokens,max_requests", [(256, 32), (300, 100), (32, 8), (64, 64), (40, 24)])
+def test_step_shapes_is_exactly_the_set_of_shapes_a_step_can_have(max_tokens, max_requests):
+    tokens, requests = serving.token_ladder(max_tokens), serving.request_ladder(max_requests)
+    reachable = {
+        serving.step_shape(q, s, tokens, requests)
+        for q in range(1, max_tokens + 1)
+        for s in range(1, min(q, max_requests) + 1)
+    }
+    assert set(serving.step_shapes(tokens, requests)) == reachable
+
+
+def test_default_ladders_give_14_programs_whatever_the_prompt_lengths():
+    assert len(serving.step_shapes(serving.token_ladder(256), serving.request_ladder(32))) == 14
+
+
+def test_page_size_follows_the_max_length_like_vllm_tpu():
+    assert serving.page_size_for(100) == 16
+    assert serving.page_size_for(364) == 32  # 512 // 16
+    assert serving.page_size_for(2048) == 128
+    assert serving.page_size_for(8192) == 256
+    assert serving.page_size_for(8193) == 16
+    assert serving.blocks_per_request(364, 32) == 12
+
+
+def test_kv_budget_is_hbm_minus_weights_minus_headroom():
+    assert serving.kv_budget(1000, 300, 100) == 600
+    assert serving.kv_budget(1000, 950, 100) == 0
+
+
+def test_cache_plan_keeps_a_step_aside_and_counts_the_trash_sectors():
+    plan = serving.cache_plan(10_000, 100, 1_500)
+    assert plan.num_sectors == 83  # (10000 - 1500) // 100 - 2 trash sectors
+    assert plan.cache_bytes == 8_500 <= plan.budget
+    assert plan.usable_fraction == 0.85
+    assert serving.cache_plan(10_000, 100, 1_500, requested_sectors=10).cache_bytes == 1_200
+
+
+def test_cache_plan_errors_say_what_to_change():
+    with pytest.raises(MemoryError, match="lower max_batch_tokens"):
+        serving.cache_plan(1_000, 100, 900)
+    with pytest.raises(MemoryError, match="lower num_blocks"):
+        serving.cache_plan(10_000, 100, 1_500, requested_sectors=84)
+
+
+def _plan(**overrides):
+    args = dict(
+        hint_len=None, model_max_len=4096, page_size=None, max_batch_tokens=None, max_requests=None,
+        hbm_bytes=1 << 30, resident_bytes=1 << 20, headroom_bytes=1 << 28,
+    )
+    args.update(overrides)
+    return serving.plan_for(serving.ServeSettings(**args.pop("settings", {})), **args)
+
+
+def test_plan_max_length_from_the_hint_rounded_up_then_settings_then_the_model():
+    assert _plan(hint_len=364).max_len == 512
+    assert _plan(hint_len=364, model_max_len=400).max_len == 400
+    assert _plan().max_len == serving.DEFAULT_MAX_LEN
+    assert _plan(model_max_len=512).max_len == 512
+    assert _plan(hint_len=364, settings={"max_len": 1000}).max_len == 1000
+
+
+def test_plan_limits_come_from_the_continuous_batching_config_then_the_settings():
+    plan = _plan(hint_len=364)
+    assert (plan.max_batch_tokens, plan.max_requests, plan.page_size, plan.blocks_per_request) == (256, 32, 32, 16)
+    plan = _plan(max_batch_tokens=64, max_requests=100, page_size=64)
+    assert plan.token_buckets == (16, 32, 64) and plan.request_buckets == (8, 16, 32, 64) and plan.page_size == 64
+    plan = _plan(settings={"token_buckets": (48, 1000), "request_buckets": (4,)})
+    assert plan.token_buckets == (48, 256) and plan.request_buckets == (4, 32)
+    assert plan.budget == (1 << 30) - (1 << 20) - (1 << 28)
+
+
+def test_settings_from_environment_and_configure(monkeypatch):
+    env = {serving.ENV["max_batch_tokens"]: "64", serving.ENV["request_buckets"]: "4, 16", serving.ENV["warmup"]: "0"}
+    settings = serving.current(env)
+    assert (settings.max_batch_tokens, settings.request_buckets, settings.warmup) == (64, (4, 16), False)
+    with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN='long'"):
+        serving.current({serving.ENV["max_len"]: "long"})
+    with pytest.raises(ValueError, match="max_requests must be a positive integer"):
+        serving.current({serving.ENV["max_requests"]: "0"})
+    try:
+        serving.configure(max_len=777)
+        assert serving.current({serving.ENV["max_len"]: "5"}).max_len == 777
+        with pytest.raises(TypeError, match="unknown serving setting"):
+            serving.configure(bogus=1)
+    finally:
+        serving.reset()
+    assert serving.current({}).max_len is None
+
+
+def test_step_stats_measure_padding():
+    stats = serving.StepStats()
+    stats.record(10, 2, (16, 8))
+    stats.record(30, 3, (32, 8))
+    assert stats.token_overhead == 48 / 40
+    assert stats.asdict()["shapes"] == [(16, 8), (32, 8)]
+
+
+def test_fit_request_lowers_max_new_tokens_and_refuses_a_prompt_with_no_room():
+    assert serving.fit_request(100, 20, 512) == 20
+    assert serving.fit_request(500, 1024, 512) == 12
+    assert serving.fit_request(500, None, 512) == 12
+    with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN"):
+        serving.fit_request(512, 1, 512)
+
+
+def test_step_bytes_counts_each_tokens_pages_scores_logits_and_activations():
+    plan = _plan(hint_len=364, max_batch_tokens=64, max_requests=8)  # 512 keys per token
+    size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=8, itemsize=4, vocab_size=320,
+                              activation_bytes_per_token=1000)
+    assert size == 64 * 1000 + 2 * 64 * 512 * 2 * 8 * 4 + 64 * 4 * 512 * 4 + 8 * 320 * 4

@@ -1,0 +1,147 @@
+"""Training policy on plain data: batch buckets (``batch_buckets``) and decisions (``training_policy``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformers_tpu_ext.training import buckets as batch_buckets, policy as training_policy
+from transformers_tpu_ext.training.buckets import BatchPlan, choose_length, plan_batch, sequence_ladder
+
+LADDER = sequence_ladder(2)
+
+
+# -- sequence ladder and length choice ---------------------------------------------------------
+
+
+def test_ladder_is_geometric_in_multiples_of_16():
+    assert LADDER[:8] == (16, 32, 48, 64, 96, 128, 192, 256)
+    assert sequence_ladder(1)[:5] == (16, 32, 64, 128, 256)
+    assert all(r % 16 == 0 for r in LADDER)
+
+
+def test_a_length_takes_its_rung():
+    assert [choose_length(n, LADDER, used=()) for n in (1, 16, 17, 50, 97, 120)] == [16, 16, 32, 64, 128, 128]
+
+
+def test_an_unused_rung_reuses_a_used_one_within_the_factor():
+    # 96 not compiled yet, 128 is and costs 1.33x: reuse it; 64 -> 128 would cost 2x: compile 64.
+    assert choose_length(90, LADDER, used={128}, reuse=1.5) == 128
+    assert choose_length(60, LADDER, used={128}, reuse=1.5) == 64
+    assert choose_length(60, LADDER, used={128}, reuse=2.0) == 128
+    assert choose_length(90, LADDER, used={96, 128}, reuse=1.5) == 96  # its own rung, when used
+    assert choose_length(90, LADDER, used={128}, reuse=1.0) == 96  # reuse off
+
+
+def test_lengths_over_an_epoch_are_bounded_by_the_rungs():
+    used: set[int] = set()
+    for length in range(1, 121):
+        used.add(choose_length(length, LADDER, used))
+    assert used <= {r for r in LADDER if r <= 128}
+
+
+# -- plan of one batch ---------------------------------------------------------------------------
+
+
+def test_causal_lm_batch_pads_every_per_token_key_to_one_rung():
+    shapes = {"input_ids": (4, 70), "attention_mask": (4, 70), "labels": (4, 70)}
+    plan = plan_batch(shapes, ladder=LADDER, batch_size=4)
+    assert plan == BatchPlan(rows=4, lengths={"input_ids": 96, "attention_mask": 96, "labels": 96}, sequence=96)
+
+
+def test_partial_batch_is_completed_to_the_batch_size():
+    shapes = {"input_ids": (3, 20), "labels": (3, 20)}
+    assert plan_batch(shapes, ladder=LADDER, batch_size=4).rows == 4
+    # evaluation, float labels, no labels, or a non-tensor value: rows stay as they are
+    assert plan_batch(shapes, ladder=LADDER, batch_size=4, pad_rows=False).rows == 3
+    assert plan_batch(shapes, ladder=LADDER, batch_size=4, integer_labels=False).rows == 3
+    assert plan_batch({"input_ids": (3, 20)}, ladder=LADDER, batch_size=4).rows == 3
+    assert plan_batch({**shapes, "ids": None}, ladder=LADDER, batch_size=4).rows == 3
+
+
+def test_sequence_classification_labels_have_no_sequence_axis():
+    shapes = {"input_ids": (2, 20), "attention_mask": (2, 20), "labels": (2,)}
+    plan = plan_batch(shapes, ladder=LADDER, batch_size=4)
+    assert plan.lengths == {"input_ids": 32, "attention_mask": 32} and plan.rows == 4
+
+
+def test_unknown_tensor_on_the_sequence_axis_leaves_the_batch_alone():
+    shapes = {"input_ids": (4, 20), "my_weights": (4, 20)}
+    reason = plan_batch(shapes, ladder=LADDER, batch_size=4)
+    assert isinstance(reason, str) and "my_weights" in reason
+
+
+def test_batch_without_per_token_tensors_is_left_alone():
+    assert isinstance(plan_batch({"pixel_values": (4, 3, 8, 8)}, ladder=LADDER), str)
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_settings_from_the_environment():
+    assert batch_buckets.settings({}) == batch_buckets.Settings(True, sequence_ladder(2), 1.5)
+    assert batch_buckets.settings({"TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS": "0"}).enabled is False
+    custom = batch_buckets.settings({"TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS": "512,128,256"})
+    assert custom.ladder == (128, 256, 512)
+    assert batch_buckets.settings({"TRANSFORMERS_TPU_EXT_TRAIN_STEPS_PER_OCTAVE": "1"}).ladder[:3] == (16, 32, 64)
+    assert batch_buckets.settings({"TRANSFORMERS_TPU_EXT_TRAIN_REUSE": "1"}).reuse == 1.0
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS", "big"), ("TRANSFORMERS_TPU_EXT_TRAIN_STEPS_PER_OCTAVE", "0"),
+     ("TRANSFORMERS_TPU_EXT_TRAIN_REUSE", "0.5")],
+)
+def test_bad_settings_name_the_variable(name, value):
+    with pytest.raises(ValueError, match=name):
+        batch_buckets.settings({name: value})
+
+
+# -- distributed decisions -----------------------------------------------------------------------
+
+
+def test_process_group_backend():
+    assert training_policy.process_group_backend(None) == "tpu_dist"
+    assert training_policy.process_group_backend("tpu") == "tpu"
+    with pytest.raises(ValueError, match="cannot reduce TPU tensors.*tpu_dist"):
+        training_policy.process_group_backend("nccl")
+
+
+def test_wrapper_kind():
+    assert training_policy.wrapper_kind(["OptimizedModule", "DistributedDataParallel", "Model"], False) == "ddp"
+    assert training_policy.wrapper_kind(["FSDPQwen3ForCausalLM"], True) == "fsdp"
+    assert training_policy.wrapper_kind(["FullyShardedDataParallel"], False) == "fsdp1"
+    assert training_policy.wrapper_kind(["Qwen3ForCausalLM"], True) == "fsdp"  # tensor parallel (DTensor)
+    assert training_policy.wrapper_kind(["Qwen3ForCausalLM"], False) is None
+
+
+def test_replica_problems():
+    ok = dict(world_size=2, num_processes=2, wrapper="ddp", trainable=True)
+    assert training_policy.replica_problem(**ok) is None
+    assert training_policy.replica_problem(**{**ok, "world_size": 1, "num_processes": 1, "wrapper": None}) is None
+    alone = training_policy.replica_problem(**{**ok, "num_processes": 1, "wrapper": None})
+    assert "every process would train its own copy" in alone and "transformers-tpu launch" in alone
+    unsynced = training_policy.replica_problem(**{**ok, "wrapper": None})
+    assert "unsynchronised replicas" in unsynced and "DDP or FSDP2" in unsynced
+    assert "FSDP2" in training_policy.replica_problem(**{**ok, "wrapper": "fsdp1"})
+    assert training_policy.replica_problem(**{**ok, "wrapper": None, "trainable": False}) is None
+
+
+# -- compile and optimizer -----------------------------------------------------------------------
+
+
+def test_compile_settings_for_tpu():
+    assert training_policy.adapt_compile(None, None) == ("tpu", None, [])
+    assert training_policy.adapt_compile("tpu", "default") == ("tpu", "default", [])
+    backend, mode, notes = training_policy.adapt_compile("inductor", "max-autotune")
+    assert (backend, mode) == ("tpu", None) and len(notes) == 2 and "inductor" in notes[0]
+
+
+def test_optimizer_overrides():
+    adam = {"lr": 1e-3, "capturable": False, "fused": None}
+    assert training_policy.optimizer_overrides(adam, lr_is_tensor=False) == {"capturable": True, "lr": "tensor"}
+    assert training_policy.optimizer_overrides({**adam, "capturable": True}, lr_is_tensor=True) == {}
+    assert training_policy.optimizer_overrides({"lr": 0.1, "momentum": 0.9}, lr_is_tensor=False) == {}  # SGD
+    assert training_policy.optimizer_overrides(adam, lr_is_tensor=False, sharded=True) == {}
+    assert training_policy.compiles_optimizer_step({"capturable": True, "fused": None})
+    assert not training_policy.compiles_optimizer_step({"capturable": True, "fused": True})
+    assert not training_policy.compiles_optimizer_step({"momentum": 0.9})

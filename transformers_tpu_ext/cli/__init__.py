@@ -1,0 +1,65 @@
+"""The ``transformers-tpu`` command: ``demo``, ``launch`` and ``doctor``.
+
+Each subcommand lives in its own module exposing ``main(argv: list[str] | None) -> int``; this
+file only dispatches, so ``transformers-tpu launch ...`` hands torchrun's options through untouched.
+It follows the conventions of ``accelerate`` and ``torchrun``: ``-h``/``--help`` prints the help on
+stdout and exits 0, ``-V``/``--version`` the version; no command, or an unknown one, is a usage
+error (one line saying what is wrong, then the usage line, on stderr) with exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+PROG = "transformers-tpu"
+USAGE = f"usage: {PROG} [-h] [-V] <command> [<args>]"
+
+COMMANDS = {
+    "demo": ("transformers_tpu_ext.cli.demo", "run the guide's generation example (simulated TPU without a chip)"),
+    "launch": ("transformers_tpu_ext.cli.launch", "torchrun with the TPU launch environment prepared"),
+    "doctor": ("transformers_tpu_ext.cli.doctor", "versions, chips, patches, settings and known problems"),
+}
+
+
+def _help() -> str:
+    lines = [USAGE, "", "Plain Hugging Face Transformers code on Cloud TPUs (torch_tpu).", "", "commands:"]
+    lines += [f"  {name:<15} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [
+        "",
+        "options:",
+        f"  {'-h, --help':<15} show this help message and exit",
+        f"  {'-V, --version':<15} show the version and exit",
+        "",
+        f"Run `{PROG} <command> --help` for a command's options.",
+    ]
+    return "\n".join(lines)
+
+
+def _usage_error(message: str) -> int:
+    print(f"{USAGE}\n{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        return _usage_error(f"a command is required (choose from {', '.join(COMMANDS)})")
+    if args[0] in {"-h", "--help", "help"}:
+        print(_help())
+        return 0
+    if args[0] in {"-V", "--version"}:
+        from .. import __version__
+
+        print(f"transformers-tpu-ext {__version__}")
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        what = "option" if command.startswith("-") else "command"
+        return _usage_error(f"unknown {what} {command!r} (choose from {', '.join(COMMANDS)})")
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

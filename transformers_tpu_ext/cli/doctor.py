@@ -1,0 +1,347 @@
+"""``transformers-tpu doctor``: what is installed, what TPU is seen, what the plugin changed.
+
+Prints the versions that matter (with the supported range and the tested releases where the plugin
+has them), whether a TPU is seen (generation, chips, HBM, process counts ``transformers-tpu launch``
+accepts), which patches are active or skipped and why, invalid ``TRANSFORMERS_TPU_EXT_*`` settings,
+and the known problems of the installed combination. Plain text by default, ``--json`` for scripts.
+The exit status is 0 whenever the report could be made: problems are reported, not raised. See
+``docs/doctor.md``.
+
+The report is built in two steps: :func:`collect` gathers facts (imports torch and each patch's
+target module, so every version gate runs), :func:`known_problems` and :func:`format_text` are plain
+functions over that dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import warnings
+from importlib import metadata
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .. import __version__
+from .. import backend, config, settings, topology, versions
+from ..progress import Progress
+from ..testing.chips import SIMULATE_ENV
+from ..kernels.patch_hub_kernels import INSTALL as KERNELS_INSTALL
+from ..kernels.patch_hub_kernels import KERNELS_TPU_MIN
+
+__all__ = ["DISTRIBUTIONS", "collect", "format_text", "known_problems", "main"]
+
+#: Distributions the report lists, in order.
+DISTRIBUTIONS = ("torch", "torch_tpu", "libtpu", "transformers", "accelerate", "wrapt", "jax", "kernels")
+_OWN_DISTRIBUTION = "transformers-tpu-ext"
+
+
+# --------------------------------------------------------------------------------------------
+# Facts
+# --------------------------------------------------------------------------------------------
+
+
+def _release(version: str) -> Version | None:
+    try:
+        return Version(Version(version).base_version)
+    except InvalidVersion:
+        return None
+
+
+def _extras_ranges() -> dict[str, str]:
+    """Ranges this package declares for optional distributions (the ``tpu`` extra: torch-tpu)."""
+    ranges: dict[str, str] = {}
+    try:
+        requires = metadata.requires(_OWN_DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        return ranges
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except Exception:  # noqa: BLE001
+            continue
+        if req.marker is not None and "extra" in str(req.marker) and str(req.specifier):
+            ranges[req.name.lower().replace("_", "-")] = str(req.specifier)
+    return ranges
+
+
+def _kernels_range() -> str | None:
+    """The ``kernels`` range Transformers accepts (it ignores other versions)."""
+    try:
+        from transformers.utils import import_utils
+
+        return f">={import_utils.KERNELS_MIN_VERSION},<{import_utils.KERNELS_MAX_VERSION}"
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _supported(distribution: str, extras: dict[str, str]) -> str | None:
+    key = distribution.lower().replace("_", "-")
+    spec = versions.SUPPORTED.get(key) or extras.get(key) or (_kernels_range() if key == "kernels" else None)
+    # Lower bound first: ">=2.13,<2.14" reads better than SpecifierSet's "<2.14,>=2.13".
+    return ",".join(sorted(spec.split(","), key=lambda part: not part.startswith(">"))) if spec else None
+
+
+def _versions() -> dict[str, dict[str, Any]]:
+    extras = _extras_ranges()
+    report: dict[str, dict[str, Any]] = {}
+    for dist in DISTRIBUTIONS:
+        installed = versions.installed_version(dist)
+        supported = _supported(dist, extras)
+        ok = None
+        if installed is not None and supported is not None:
+            release = _release(installed)
+            ok = release is not None and SpecifierSet(supported).contains(release, prereleases=True)
+        tested = list(versions.tested_versions(dist)) if dist in versions.SUPPORTED else []
+        untested = bool(ok and tested and versions.untested(dist))
+        report[dist] = {"installed": installed, "supported": supported, "ok": ok, "tested": tested, "untested": untested}
+    return report
+
+
+def _simulated() -> bool:
+    for module in ("transformers_tpu_ext.testing", "transformers_tpu_ext.testing.simulator"):
+        probe = getattr(sys.modules.get(module), "is_installed", None)
+        if callable(probe):
+            try:
+                return bool(probe())
+            except Exception:  # noqa: BLE001
+                pass
+    return bool(os.environ.get(SIMULATE_ENV, "").strip() not in {"", "0"})
+
+
+def _tpu() -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    current = None
+    try:
+        # check_available: a CUDA build of torch names "cuda" on a machine without a GPU.
+        accelerator = torch.accelerator.current_accelerator(check_available=True) if torch is not None else None
+        current = accelerator.type if accelerator is not None else None
+    except Exception:  # noqa: BLE001
+        pass
+    facts: dict[str, Any] = {"available": False, "accelerator": current}
+    try:
+        info = backend.chip_info()
+    except Exception as error:  # noqa: BLE001 - e.g. an unknown generation makes the backend raise
+        facts["error"] = f"{type(error).__name__}: {error}"
+        return facts
+    if info is None:
+        return facts
+    generation = topology.normalize_generation(info.name) or info.generation
+    counts = topology.supported_counts(generation)
+    facts.update(
+        available=True,
+        name=info.name,
+        generation=generation,
+        chips=info.count,
+        hbm_bytes=info.total_memory,
+        process_counts=list(counts) if counts is not None else None,
+        simulated=_simulated(),
+    )
+    return facts
+
+
+def _patches() -> dict[str, Any]:
+    import transformers_tpu_ext as plugin
+    from ..registry import REGISTRY, module_name
+
+    errors: dict[str, str] = {}
+    # Import each target so its post-import hook (and version gate) runs in this process.
+    armed = {name: state for name, state in plugin.status().items()}
+    with warnings.catch_warnings(), Progress(len(REGISTRY), desc="doctor", unit="patch") as progress:
+        warnings.simplefilter("ignore")
+        for name in REGISTRY:
+            try:
+                target = importlib.import_module(module_name(name)).TARGET
+                importlib.import_module(target)
+            except Exception as error:  # noqa: BLE001
+                errors[name] = f"target not importable ({type(error).__name__}: {error})"
+            progress.step(f"imported the target of {name}")
+    active = plugin.active_patches()
+    skipped = dict(plugin.skipped_patches())
+    for name, reason in errors.items():
+        skipped.setdefault(name, reason)
+    pending = [name for name in REGISTRY if name not in active and name not in skipped]
+    return {
+        "plugin_active": plugin.is_active(),
+        "active": active,
+        "skipped": skipped,
+        "pending": pending,
+        "status": plugin.status(),
+        "status_before_imports": armed,
+        "disable_env": os.environ.get(config.DISABLE_ENV) or None,
+    }
+
+
+def collect() -> dict[str, Any]:
+    """Gather the facts of this process and machine as a JSON-able dict."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch  # noqa: F401 - loads torch_tpu (and the simulated TPU) through entry points
+
+    environment = {
+        key: os.environ[key]
+        for key in ("TORCH_DEVICE_BACKEND_AUTOLOAD", "TPU_VISIBLE_DEVICES", "TPU_WORKER_HOSTNAMES", SIMULATE_ENV)
+        if key in os.environ
+    }
+    report: dict[str, Any] = {
+        "plugin": {"version": __version__},
+        "versions": _versions(),
+        "tpu": _tpu(),
+        "patches": _patches(),
+        "settings": settings.problems(),
+        "environment": environment,
+    }
+    report["problems"] = known_problems(report)
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# Known problems (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def _older(installed: str | None, minimum: str) -> bool:
+    release = _release(installed) if installed else None
+    return release is not None and release < Version(minimum)
+
+
+def known_problems(report: dict[str, Any]) -> list[str]:
+    """Problems of the installed combination, each with what to do. Pure: reads ``report`` only."""
+    problems: list[str] = []
+    dists = report.get("versions", {})
+    tpu = report.get("tpu", {})
+    env = report.get("environment", {})
+
+    def installed(dist: str) -> str | None:
+        return dists.get(dist, {}).get("installed")
+
+    problems += [f"invalid setting: {problem}" for problem in report.get("settings", [])]
+
+    for dist in ("torch", "transformers", "accelerate", "wrapt", "torch_tpu"):
+        entry = dists.get(dist, {})
+        if entry.get("ok") is False:
+            problems.append(
+                f"{dist} {entry['installed']} is outside the supported range {dist}{entry['supported']}: "
+                f"the patches gated on it are skipped; install a supported {dist}."
+            )
+    if installed("torch_tpu") and not installed("libtpu"):
+        problems.append("torch_tpu is installed without libtpu: pip install 'torch_tpu' pulls it in (libtpu>=0.0.50).")
+    if installed("torch_tpu") and not tpu.get("available"):
+        problems.append(
+            "torch_tpu is installed but no TPU is seen (torch.accelerator has no 'tpu'): run on a Cloud TPU VM; "
+            "if another process holds the chips, stop it (a second process cannot open a held chip)."
+        )
+    if tpu.get("error"):
+        problems.append(f"the TPU backend failed to describe the chip ({tpu['error']}).")
+    if env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+        problems.append(
+            "TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch loads neither torch_tpu nor this plugin at import; "
+            "unset it, or `import torch_tpu, transformers_tpu_ext` yourself."
+        )
+    if tpu.get("available"):
+        if tpu.get("process_counts") is None:
+            problems.append(
+                f"unknown TPU generation {tpu.get('generation') or tpu.get('name')!r}: `transformers-tpu launch` "
+                "cannot check process counts up front (the backend still will)."
+            )
+        if env.get("TPU_VISIBLE_DEVICES"):
+            problems.append(
+                "TPU_VISIBLE_DEVICES is set but does not restrict the chips torch_tpu uses (known torch_tpu "
+                "defect); choose the chips with --nproc_per_node in `transformers-tpu launch` instead."
+            )
+        kernels = installed("kernels")
+        if kernels and not installed("jax"):
+            problems.append(f"kernels is installed without jax: Hub kernels on TPU wrap JAX/Pallas; {KERNELS_INSTALL}")
+        if kernels and _older(kernels, KERNELS_TPU_MIN):
+            problems.append(
+                f"kernels {kernels} has no TPU kernels (TPU support starts at {KERNELS_TPU_MIN}): {KERNELS_INSTALL}"
+            )
+    entry = dists.get("kernels", {})
+    if entry.get("ok") is False:
+        problems.append(
+            f"kernels {entry['installed']} is outside the range Transformers accepts ({entry['supported']}): "
+            f"Transformers ignores it; {KERNELS_INSTALL}"
+        )
+    patches = report.get("patches", {})
+    if patches and not patches.get("plugin_active", True):
+        problems.append("the plugin is not active (deactivate() was called): Transformers runs unpatched.")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """The plain-text report."""
+    lines = [f"transformers-tpu-ext {report['plugin']['version']}", "", "Versions"]
+    for dist, entry in report["versions"].items():
+        installed = entry["installed"] or "not installed"
+        supported = f"supported {entry['supported']}" if entry["supported"] else ""
+        mark = {True: "ok", False: "UNSUPPORTED", None: ""}[entry["ok"]]
+        if entry.get("untested"):
+            mark = f"allowed, untested (tested: {', '.join(entry['tested'])})"
+        lines.append(f"  {dist:<13} {installed:<16} {supported:<28} {mark}".rstrip())
+
+    tpu = report["tpu"]
+    lines += ["", "TPU"]
+    if tpu.get("available"):
+        sim = "  (simulated TPU, not a chip)" if tpu.get("simulated") else ""
+        lines.append(f"  device        {tpu['name']}  generation {tpu['generation']}{sim}")
+        lines.append(f"  chips         {tpu['chips']}")
+        lines.append(f"  HBM per chip  {_gib(tpu['hbm_bytes'])} ({tpu['hbm_bytes']} bytes)")
+        counts = tpu.get("process_counts")
+        shown = ", ".join(map(str, counts)) if counts else "unknown generation"
+        lines.append(f"  launch        process counts per host: {shown}")
+    else:
+        seen = f"current accelerator: {tpu['accelerator']}" if tpu.get("accelerator") else "no accelerator"
+        lines.append(f"  none seen ({seen}); the plugin changes nothing on this machine")
+
+    patches = report["patches"]
+    lines += ["", "Patches"]
+    if patches.get("disable_env"):
+        lines.append(f"  {config.DISABLE_ENV}={patches['disable_env']}")
+    lines.append(f"  active        {', '.join(patches['active']) or 'none'}")
+    if patches["skipped"]:
+        lines.append("  skipped")
+        lines += [f"    {name}: {reason}" for name, reason in patches["skipped"].items()]
+    else:
+        lines.append("  skipped       none")
+    if patches["pending"]:
+        lines.append(f"  pending       {', '.join(patches['pending'])} (target not imported yet)")
+
+    lines += ["", "Known problems"]
+    lines += [f"  - {p}" for p in report["problems"]] or ["  none found"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="transformers-tpu doctor",
+        description="Versions, TPU chips and HBM, active/skipped patches and known problems.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=False))
+    else:
+        print(format_text(report))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""``transformers-tpu launch``: torchrun with the TPU launch environment prepared.
+
+torch_tpu needs ``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ``TORCH_TPU_TOPOLOGY`` (and more, on
+multi-host) in every worker's environment before it starts; plain ``torchrun`` does not set them,
+so its ranks fail (or abort with SIGABRT). This command checks the request up front, calls
+``torch.tpu.distributed.set_tpu_launch_env()`` once, in this (parent) process, then runs torchrun
+with the same arguments; the workers inherit the variables.
+
+Same command three ways::
+
+    transformers-tpu launch --nproc_per_node=4 generate.py --max-new-tokens 32
+    python -m transformers_tpu_ext.launch --nproc_per_node=4 generate.py --max-new-tokens 32
+    transformers_tpu_ext.launch.main(["--nproc_per_node=4", "generate.py", "--max-new-tokens", "32"])
+
+``--nproc_per_node`` defaults to the chips attached to the host (``auto`` and ``tpu`` mean the same).
+Errors a user can cause (no script, a script or module that does not exist, no TPU backend, a
+process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``)
+end with one message saying what to do and a non-zero exit status before any worker starts, never a
+traceback. ``--help`` is torchrun's, with TPU wording for the options this command changes. See
+``docs/launching.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from argparse import Namespace
+from importlib.machinery import PathFinder
+from typing import Any, NoReturn
+
+from .. import backend, topology
+
+__all__ = ["LaunchError", "check_script", "main", "prepare"]
+
+PROG = "transformers-tpu launch"
+USAGE = f"{PROG} [torchrun options] script.py [script args]   (or -m module [args])"
+HOSTNAMES_ENV = "TPU_WORKER_HOSTNAMES"
+_DESCRIPTION = (
+    "Run torchrun on a TPU host: check the process count against the chip's topologies, prepare the "
+    "TPU launch environment once (torch.tpu.distributed.set_tpu_launch_env), then launch the "
+    "workers. Takes torchrun's options; --nproc_per_node defaults to the chips on this host."
+)
+_CHIP_WORDS = {"auto", backend.DEVICE_TYPE}
+
+
+class LaunchError(Exception):
+    """A launch request that cannot work; ``str()`` says what to do. ``exit_code`` is 1 or 2."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+#: Help for the torchrun options whose meaning this command changes on TPU (by ``dest``).
+_TPU_HELP = {
+    "nproc_per_node": (
+        "Processes on this host, one per TPU chip: a count the chip generation has a topology for ("
+        + "; ".join(f"{gen}: {', '.join(map(str, counts))}" for gen, counts in topology.TOPOLOGIES.items())
+        + "), at most the chips on the host; or auto/tpu. Default: every chip on the host."
+    ),
+    "nnodes": (
+        "Number of hosts of the TPU slice: one number (a slice has a fixed size, no min:max range), "
+        "equal to the number of hosts in TPU_WORKER_HOSTNAMES. Default: 1."
+    ),
+    "training_script": (
+        "The training script each process runs (one process per TPU chip, each seeing its chip as "
+        "tpu:0), followed by its arguments; with -m, a module. Checked before any worker starts."
+    ),
+    "training_script_args": "The training script's own arguments.",
+}
+
+
+def _parser() -> Any:
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = PROG
+    parser.usage = USAGE
+    parser.description = _DESCRIPTION
+    for action in parser._actions:
+        if action.dest in _TPU_HELP:
+            action.help = _TPU_HELP[action.dest]
+    parser.error = _usage_error  # type: ignore[method-assign]
+    # Tell "not given" apart from torchrun's default of 1 (PET_NPROC_PER_NODE still counts as given).
+    if "PET_NPROC_PER_NODE" not in os.environ:
+        parser.set_defaults(nproc_per_node=None)
+    return parser
+
+
+def _usage_error(message: str) -> NoReturn:
+    """argparse's error, in one line (torchrun's usage runs to 30 lines): what is missing, then usage."""
+    if "training_script" in message:
+        message = "no training script given: pass the script to run (or -m module), after the torchrun options"
+    print(f"usage: {USAGE}\n{PROG}: error: {message} (see --help)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_script(args: Namespace, cwd: str | None = None) -> None:
+    """Raise :class:`LaunchError` unless what the workers will run exists (no worker is started yet).
+
+    A script path must be a file (relative to ``cwd``); ``-m`` a module findable from ``cwd`` and
+    ``sys.path`` (found without importing it); ``--no-python`` an executable.
+    """
+    cwd = os.getcwd() if cwd is None else cwd
+    target = args.training_script
+    if getattr(args, "module", False):
+        if _find_module(target, [cwd, *sys.path]) is None:
+            raise LaunchError(
+                f"-m {target}: no module named {target!r} in {cwd} or on the Python path; "
+                "pass a module the workers can import (python -m style), or a script path without -m."
+            )
+        return
+    path = target if os.path.isabs(target) else os.path.join(cwd, target)
+    if getattr(args, "no_python", False):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)) and shutil.which(target) is None:
+            raise LaunchError(f"--no-python {target}: no such executable (nor on PATH); pass a command the workers can run.")
+        return
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "no such file"
+        raise LaunchError(f"can't open file {target!r}: {what} (in {cwd}); pass the path of the training script.")
+
+
+def _find_module(name: str, path: list[str]) -> Any:
+    """The spec of ``name`` as the workers would find it, without importing anything.
+
+    The top-level package is looked up on ``path`` and then by the interpreter's other finders
+    (editable installs register an import hook on ``sys.meta_path`` instead of a path entry).
+    """
+    spec = None
+    for index, part in enumerate(name.split(".")):
+        spec = PathFinder.find_spec(part, path)
+        if spec is None and index == 0:
+            spec = _meta_path_spec(part)
+        if spec is None:
+            return None
+        path = list(spec.submodule_search_locations or [])
+    return spec
+
+
+def _meta_path_spec(name: str) -> Any:
+    for finder in sys.meta_path:
+        if finder is PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(name, None)
+        except Exception:  # noqa: BLE001 - a broken finder is not the user's mistake
+            continue
+        if spec is not None and spec.origin not in (None, "built-in", "frozen"):
+            return spec
+    return None
+
+
+def _nnodes(value: str) -> int:
+    parts = str(value).split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (None, None)
+    except ValueError:
+        low = high = None
+    if low is None or low < 1:
+        raise LaunchError(f"--nnodes={value} is not a number of hosts; pass e.g. --nnodes=1.")
+    if low != high:
+        raise LaunchError(
+            f"--nnodes={value} asks for an elastic range, but a TPU slice has a fixed number of hosts: "
+            f"pass one number (e.g. --nnodes={high})."
+        )
+    return low
+
+
+def _check_hosts(nnodes: int, environ: dict[str, str]) -> None:
+    raw = environ.get(HOSTNAMES_ENV, "").strip()
+    if not raw:
+        if nnodes > 1:
+            raise LaunchError(
+                f"--nnodes={nnodes} needs {HOSTNAMES_ENV}: set it to the comma-separated hostnames of the "
+                f"slice's {nnodes} workers (the same on every host), with NODE_RANK set per host."
+            )
+        return
+    hosts = [h.strip() for h in raw.split(",") if h.strip()]
+    if len(hosts) != nnodes:
+        raise LaunchError(
+            f"--nnodes={nnodes} disagrees with {HOSTNAMES_ENV}, which lists {len(hosts)} "
+            f"host{'' if len(hosts) == 1 else 's'} ({', '.join(hosts)}). Run the same command on every "
+            f"host with --nnodes={len(hosts)}, or fix {HOSTNAMES_ENV}."
+        )
+
+
+def _tpu_module() -> Any:
+    return getattr(sys.modules["torch"], "tpu")
+
+
+def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int, int]:
+    """Check ``args`` (parsed torchrun options: the TPU, the process count, the hosts, then the
+    script), fill in ``nproc_per_node`` and prepare the launch environment. Returns
+    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (nothing is prepared then)."""
+    import torch  # noqa: F401 - loads the TPU backend (torch.backends entry points)
+
+    environ = os.environ if environ is None else environ
+    if not backend.tpu_available():
+        current = None
+        try:
+            accelerator = torch.accelerator.current_accelerator()
+            current = accelerator.type if accelerator is not None else None
+        except Exception:  # noqa: BLE001
+            pass
+        seen = f"the current accelerator is {current!r}" if current else "PyTorch sees no accelerator"
+        raise LaunchError(
+            f"No TPU backend found ({seen}). Run on a Cloud TPU VM with torch_tpu installed "
+            "(pip install 'transformers-tpu-ext[tpu]'); to rehearse without a chip, set "
+            "TRANSFORMERS_TPU_EXT_SIMULATE=1 (the simulated TPU). For CPU or GPU workers use torchrun.",
+            exit_code=1,
+        )
+    chips = backend.device_count()
+    name = str(_tpu_module().get_device_name())
+
+    requested = args.nproc_per_node
+    if requested is None or str(requested).strip().lower() in _CHIP_WORDS:
+        nproc = chips
+    else:
+        try:
+            nproc = int(requested)
+        except ValueError:
+            raise LaunchError(
+                f"--nproc_per_node={requested} is not supported on TPU: pass a number of processes "
+                f"(one per chip, at most {chips} here) or auto."
+            ) from None
+    if nproc < 1:
+        raise LaunchError(f"--nproc_per_node={nproc}: pass at least 1 (one process per chip).")
+    if nproc > chips:
+        raise LaunchError(
+            f"--nproc_per_node={nproc} but this host has {chips} TPU chip{'' if chips == 1 else 's'} "
+            f"({name}); torch_tpu runs one process per chip: pass at most {chips}."
+        )
+    problem = topology.check_process_count(name, nproc)
+    if problem:
+        raise LaunchError(problem)
+
+    nnodes = _nnodes(args.nnodes)
+    _check_hosts(nnodes, environ)
+    if getattr(args, "training_script", None) is not None:
+        check_script(args)
+
+    set_env = getattr(getattr(_tpu_module(), "distributed", None), "set_tpu_launch_env", None)
+    if set_env is None:
+        raise LaunchError(
+            "This TPU backend has no torch.tpu.distributed.set_tpu_launch_env; install torch_tpu>=0.2.0.",
+            exit_code=1,
+        )
+    try:
+        set_env(nnodes=nnodes, nproc_per_node=nproc)
+    except Exception as error:  # noqa: BLE001 - the backend's own refusal, shown as one line
+        raise LaunchError(
+            f"torch.tpu.distributed.set_tpu_launch_env(nnodes={nnodes}, nproc_per_node={nproc}) failed "
+            f"on {name}: {error}",
+            exit_code=1,
+        ) from None
+    args.nproc_per_node = str(nproc)
+    args.nnodes = str(nnodes)
+    return nnodes, nproc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check, prepare the TPU launch environment, run torchrun; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error (already printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        prepare(args)
+    except LaunchError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return error.exit_code
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+    from torch.distributed.run import run
+
+    try:
+        record(run)(args)
+    except ChildFailedError as error:
+        print(error.format_msg(), file=sys.stderr)
+        _, failure = error.get_first_failure()
+        return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Generation: plain ``generate()`` is correct and fast on TPU.
+
+The decisions (pure modules, no torch, no Transformers):
+
+- :mod:`.policy`: which path a call takes (left to upstream, or handled: static cache, buckets,
+  the device loop), with the reason;
+- :mod:`.buckets`: the padded shapes of a call (prompt, batch, cache) and what padding costs;
+- :mod:`.config`: the settings (``TRANSFORMERS_TPU_EXT_*`` variables, :func:`configure`).
+
+The runtime the wrappers use: :mod:`.views` (what callbacks see: the caller's rows and lengths),
+:mod:`.device_decode` (token choice on the TPU: only token ids cross the host link),
+:mod:`.static_cache` (cache shapes, the cache handed back), :mod:`.precompile` (:func:`warmup`).
+
+The glue: ``patch_generation`` (the patch) applies the wrappers of :mod:`.wrap_generate`,
+:mod:`.wrap_prepare`, :mod:`.wrap_decoding` and :mod:`.wrap_compile`, which share the call in flight
+through :mod:`.call`. See ``docs/generation.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import TPUGenerationConfig, configure, current, reset
+
+__all__ = ["TPUGenerationConfig", "configure", "current", "reset", "warmup"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "warmup":  # the same function as ``transformers_tpu_ext.warmup``
+        from .precompile import warmup
+
+        return warmup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,115 @@
+"""The state of a ``generate()`` call on TPU, shared by the generation wrappers.
+
+The ``generate`` wrapper (``wrap_generate``) decides what a call does and stores it in
+:data:`CURRENT` (a context variable: each thread and task has its own call); the inner wrappers
+(``wrap_prepare``, ``wrap_decoding``) read it. Outside a handled call, and in a call left to
+upstream, every inner wrapper calls the original at once (:func:`in_handled_call`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..wrapping import fail_safe
+from . import config as settings_module
+from . import policy
+from .views import Padding
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+
+@dataclass
+class CallState:
+    """What the ``generate`` wrapper decided for the call in flight (read by the inner wrappers)."""
+
+    settings: settings_module.TPUGenerationConfig
+    plan: policy.CallPlan
+    padding: Padding = field(default_factory=Padding)
+    forced_chunk: bool = False  # the plugin chose prefill_chunk_size
+    user_cache_kind: str | None = None  # what the caller will see in output.cache: "static", "dynamic"
+    previous_cache_length: int = -1  # model._previous_max_cache_length before the call
+    upstream_cache_length: int = 0  # the static-cache length upstream would have chosen
+
+
+#: The call in flight in this thread or task (``None`` outside a TPU ``generate()``).
+CURRENT: contextvars.ContextVar[CallState | None] = contextvars.ContextVar("transformers_tpu_ext_generate", default=None)
+
+#: The state of a call left to upstream (every inner wrapper passes through).
+UPSTREAM = CallState(settings=settings_module.TPUGenerationConfig(), plan=policy.CallPlan(True, "upstream"))
+
+
+#: Signatures of the wrapped originals (``self`` dropped), taken at ``apply``.
+SIGNATURES: dict[str, inspect.Signature] = {}
+
+
+def record_signature(name: str, method: Any) -> None:
+    """Remember the signature of the original ``GenerationMixin`` method ``name`` (``self`` dropped)."""
+    if name not in SIGNATURES:
+        signature = inspect.signature(inspect.unwrap(method))
+        SIGNATURES[name] = signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by name (``**kwargs`` flattened), per the original method's signature."""
+    signature = SIGNATURES[name]
+    bound = signature.bind(*args, **kwargs)
+    arguments = dict(bound.arguments)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(name, {}))
+    return arguments
+
+
+def custom_masks(model: Any) -> bool:
+    """Whether the model builds its own generation masks (multimodal models): no device loop then."""
+    return getattr(type(model), "create_masks_for_generate", None) is not None
+
+
+def in_handled_call(body: Any) -> Any:
+    """Run ``body`` (fail-safe) inside a handled TPU ``generate()``; elsewhere call the original at once."""
+    guarded = fail_safe(body)
+
+    @functools.wraps(body)
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = CURRENT.get()
+        if state is None or state.plan.upstream:
+            return wrapped(*args, **kwargs)
+        return guarded(wrapped, instance, args, kwargs)
+
+    return wrapper
+
+
+def in_padded_call(body: Any) -> Any:
+    """Like :func:`in_handled_call`, only in calls where the plugin padded something."""
+    guarded = fail_safe(body)
+
+    @functools.wraps(body)
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = CURRENT.get()
+        if state is None or not state.padding:
+            return wrapped(*args, **kwargs)
+        return guarded(wrapped, instance, args, kwargs)
+
+    return wrapper
+
+
+_failures_lock = threading.Lock()
+_failures: set[str] = set()
+
+
+def report_failure(where: str, error: Exception) -> None:
+    """Log an error of the plugin's own (once per distinct error) before falling back to upstream."""
+    key = f"{where}: {type(error).__name__}: {error}"
+    with _failures_lock:
+        first = key not in _failures
+        _failures.add(key)
+    if first:
+        logger.warning(
+            "transformers-tpu-ext: %s failed (%s: %s); falling back to the unpatched call", where, type(error).__name__, error
+        )

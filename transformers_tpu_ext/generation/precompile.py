@@ -1,0 +1,87 @@
+"""``warmup(model, ...)`` (exported as ``transformers_tpu_ext.warmup``): precompile the buckets a service uses.
+
+Each (batch bucket, prompt bucket) pair gets one short greedy ``generate()`` with the largest
+static-cache length the service needs, so its prefill and decode graphs exist and Transformers
+keeps that cache length for every later call: after warmup, a mixed workload within the limits
+compiles nothing new. See ``docs/generation.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import buckets
+from . import config as settings_module
+from ..progress import Progress
+
+__all__ = ["warmup"]
+
+
+def warmup(
+    model: Any,
+    *,
+    max_prompt_length: int,
+    max_new_tokens: int,
+    max_batch_size: int = 1,
+    batch_sizes: Any = None,
+    **generate_kwargs: Any,
+) -> list[buckets.Plan]:
+    """Precompile the buckets of prompts up to ``max_prompt_length`` tokens, batches up to
+    ``max_batch_size`` rows (or exactly the given ``batch_sizes``) and ``max_new_tokens``.
+
+    Returns the shapes compiled. Extra ``generate_kwargs`` (e.g. ``compile_config``, or the
+    service's sampling settings: ``do_sample=True, temperature=0.7, top_p=0.9``) are passed to
+    every call; do the same in the service so the graphs match. Sampling chooses tokens over the
+    real rows only (so the random stream is the unpadded call's): its small choice graph is per
+    real batch size, so a sampling service passes the exact ``batch_sizes`` it serves. Off TPU it
+    does nothing and returns ``[]``.
+    """
+    from ..backend import is_tpu
+
+    if max_prompt_length < 1 or max_new_tokens < 1 or max_batch_size < 1:
+        raise ValueError("warmup needs max_prompt_length, max_new_tokens and max_batch_size >= 1")
+    if not is_tpu(getattr(model, "device", None)):
+        return []
+    import torch
+
+    settings = settings_module.current()
+    largest = settings.plan(max(batch_sizes or [max_batch_size]), max_prompt_length, max_new_tokens)
+    cache = largest.cache
+    if batch_sizes is None:
+        rows = sorted({b for b in settings.batch_buckets if b < largest.batch} | {largest.batch})
+    else:
+        rows = sorted({settings.plan(b, 1, 1).batch for b in batch_sizes})
+    top = min(largest.prompt, largest.chunk)
+    prompts = sorted({buckets.prompt_bucket(p, settings.prompt_ladder(), settings.prefill_chunk)
+                      for p in settings.prompt_ladder() if p <= top} | {top})
+    token = _token(model)
+    compiled = []
+    with Progress(len(rows) * len(prompts), desc="warmup", unit="bucket") as progress:
+        for batch in rows:
+            for prompt in prompts:
+                # One masked (left-padding) column, like the padded calls the service will make.
+                ids = torch.full((batch, prompt), token, dtype=torch.long)
+                mask = torch.ones_like(ids)
+                mask[:, 0] = 0
+                # Two tokens: the prefill and one decode step. No end-of-sequence id, so the decode
+                # step always runs (a minimum length would add a processor the service does not use).
+                model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=2,
+                    max_cache_len=cache,
+                    **{"do_sample": False, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
+                )
+                compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
+                progress.step(f"compiled batch {batch} x prompt {prompt} tokens (cache {cache})")
+    return compiled
+
+
+def _token(model: Any) -> int:
+    """A token id that is neither padding nor end of sequence."""
+    config = model.generation_config
+    special = set()
+    for value in (config.pad_token_id, config.eos_token_id, config.bos_token_id):
+        special.update(value if isinstance(value, (list, tuple)) else [value])
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None) or 2
+    return next(t for t in range(vocab) if t not in special) if vocab > len(special) else 0

@@ -1,0 +1,98 @@
+"""Wrappers of the decoding methods, ``sample`` and ``beam_search``, inside a handled call.
+
+Logits processors, stopping criteria, ``prefix_allowed_tokens_fn`` and streamers see only the
+caller's rows and columns (``views``); greedy decoding and sampling run the device loop
+(``device_decode``) when ``policy.decode_path`` finds nothing that needs the logits on the host.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from . import policy
+from .call import CURRENT, CallState, bind, custom_masks, in_padded_call, report_failure
+from .views import CriteriaView, ProcessorsView
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    state = CURRENT.get()
+    if state is None or state.plan.upstream:
+        return wrapped(*args, **kwargs)
+    arguments = bind("_sample", args, kwargs)
+    try:
+        path = _decode_path(instance, state, arguments)
+    except Exception as error:  # a bug of ours: upstream's loop (with the caller's views)
+        report_failure("_sample", error)
+        path = policy.DecodePath(False, "fallback")
+    logger.debug("transformers-tpu-ext: decoding loop on the %s (%s)", "device" if path.device else "host", path.reason)
+    padding = state.padding
+    if padding:
+        arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
+    if not path.device:
+        if padding:
+            arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
+        return wrapped(**arguments)
+    # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
+    # afresh; an error here (the model's, or ours) is the call's error.
+    from .device_decode import sample_on_device
+
+    model_kwargs = {k: v for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS}
+    generation_config = arguments["generation_config"]
+    return sample_on_device(
+        instance,
+        arguments["input_ids"],
+        logits_processor=arguments["logits_processor"],  # read for their settings, never called
+        stopping_criteria=arguments["stopping_criteria"],
+        generation_config=generation_config,
+        streamer=arguments.get("streamer"),
+        padding=padding,
+        compile_backend=_choice_backend(instance, model_kwargs, generation_config),
+        model_kwargs=model_kwargs,
+    )
+
+
+def _decode_path(model: Any, state: CallState, arguments: dict) -> policy.DecodePath:
+    """Which loop runs this ``sample`` call (``policy.decode_path`` over its facts)."""
+    generation_config = arguments["generation_config"]
+    returns = bool(generation_config.return_dict_in_generate)
+    return policy.decode_path(
+        policy.LoopFacts(
+            mode=generation_config.get_generation_mode().value,
+            device_decode=state.settings.device_decode,
+            processors=tuple(type(p).__name__ for p in arguments["logits_processor"]),
+            model_kwargs=tuple(k for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS and v is not None),
+            outputs_scores_or_logits=returns and bool(generation_config.output_scores or generation_config.output_logits),
+            outputs_attentions_or_states=returns
+            and bool(generation_config.output_attentions or generation_config.output_hidden_states),
+            synced_gpus=bool(arguments.get("synced_gpus")),
+            custom_mask_function=custom_masks(model),
+        )
+    )
+
+
+_SAMPLE_PARAMETERS = {"input_ids", "logits_processor", "stopping_criteria", "generation_config", "synced_gpus", "streamer"}
+
+
+def _choice_backend(model: Any, model_kwargs: dict, generation_config: Any) -> Any:
+    """The compile backend of the decode step (``None``: not compiled), for the token choice too."""
+    if not model._valid_auto_compile_criteria(model_kwargs, generation_config):
+        return None
+    config = generation_config.compile_config or model._default_compile_config()
+    return config.backend
+
+
+@in_padded_call
+def beam_search(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    padding = CURRENT.get().padding
+    arguments = bind("_beam_search", args, kwargs)
+    arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
+    arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
+    # Beam search sizes its buffers from max_length and counts the prompt from input_ids: both
+    # include the padding columns inside the loop.
+    generation_config = copy.copy(arguments["generation_config"])
+    generation_config.max_length += padding.pad
+    arguments["generation_config"] = generation_config
+    return wrapped(**arguments)

@@ -1,0 +1,299 @@
+"""The ``generate`` wrapper: which calls the plugin handles on TPU, and how.
+
+A handled call (the decision is ``policy.plan_call`` over the call's facts) keeps the tensors that
+grow every step on the CPU and returns the result on the input's device; takes the static cache
+when the caller asked for none; rounds batch size, prompt length and cache length up to buckets
+(left padding, dummy rows at the end) and compiles the prefill chunk by chunk. Every other call
+(encoder-decoder models, assisted decoding, custom or Hub decoding methods, non-text inputs) is
+upstream's, untouched. The state of a handled call goes to ``call.CURRENT`` for the inner wrappers;
+the padding is taken off the result before it is returned (:func:`_restore`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+from typing import Any
+
+from ..backend import is_tpu
+from . import config as settings_module
+from . import policy, static_cache
+from .call import CURRENT, UPSTREAM, CallState, bind, custom_masks, report_failure
+from .views import Padding, StreamerView
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+#: Tensors upstream grows every step (kept on CPU); everything else is left where it is.
+_GROWING = ("input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids")
+
+
+#: Test-only switch (``tests/generation/test_generation_mutation.py``): unmask the left-padding columns the
+#: plugin adds, to prove the token comparisons can catch attention to padding. Never set it elsewhere.
+_BREAK_PADDING_MASK = False
+
+
+def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if CURRENT.get() is not None or not is_tpu(getattr(instance, "device", None)):
+        return wrapped(*args, **kwargs)
+    # The user's mistakes surface here, once, exactly as upstream raises them: a bad setting, an
+    # argument generate() does not take, an invalid generation option. Only our own planning below
+    # is fail-safe (an error of ours there falls back to the unpatched call).
+    settings = settings_module.current()
+    if instance.config.is_encoder_decoder:
+        # The encoder's inputs must stay on the model's device, and upstream creates the decoder's
+        # growing tensors beside them: left to upstream (only the CompileConfig adaptation applies).
+        return wrapped(*args, **kwargs)
+    call = bind("generate", args, kwargs)
+    generation_config, _ = instance._prepare_generation_config(
+        call.get("generation_config"), **{k: v for k, v in call.items() if k not in _GENERATE_PARAMETERS}
+    )
+    planned = _plan_safely(instance, call, generation_config, settings)
+    if planned is None:
+        # Upstream's call, whole: nested generate() calls (an assistant model's) are left alone too.
+        token = CURRENT.set(UPSTREAM)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            CURRENT.reset(token)
+    call, state, out_device = planned
+    token = CURRENT.set(state)
+    try:
+        result = wrapped(**call)
+        return _restore(result, state, out_device, instance)
+    finally:
+        CURRENT.reset(token)
+
+
+def _plan_safely(model: Any, call: dict, generation_config: Any, settings: Any) -> Any:
+    """``_plan(...)``, or ``None`` (call upstream unchanged) if it fails: a bug of ours never breaks generate()."""
+    try:
+        return _plan(model, call, generation_config, settings)
+    except Exception as error:
+        report_failure("generate() planning", error)
+        return None
+
+
+def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> policy.CallFacts:
+    import torch
+
+    main_name = "inputs" if call.get("inputs") is not None else "input_ids"
+    main = call.get(main_name)
+    embeds = call.get("inputs_embeds")
+    if isinstance(main, torch.Tensor):
+        inputs = "input_ids" if not main.is_floating_point() else "other"
+        bucketable = main.dim() == 2 and main.shape[1] > 0 and not main.is_floating_point()
+    elif isinstance(embeds, torch.Tensor):
+        inputs, bucketable = "inputs_embeds", False
+    else:
+        inputs, bucketable = "input_ids", False
+    mode = "custom" if call.get("custom_generate") is not None else generation_config.get_generation_mode(
+        call.get("assistant_model")
+    ).value
+    returns = bool(generation_config.return_dict_in_generate)
+    options = {name: getattr(generation_config, name, None) for name in policy.HOST_OPTIONS}
+    device_possible = (
+        settings.device_decode
+        and not policy.processors_needed(options)
+        and not call.get("logits_processor")
+        and call.get("prefix_allowed_tokens_fn") is None
+        and not (returns and (generation_config.output_scores or generation_config.output_logits))
+        and not custom_masks(model)
+    )
+    return policy.CallFacts(
+        mode=mode,
+        encoder_decoder=bool(model.config.is_encoder_decoder),
+        inputs=inputs,
+        ids_bucketable=bucketable,
+        other_batched_inputs=_has_other_batched_inputs(call, main_name),
+        accepts_attention_mask="attention_mask" in inspect.signature(model.forward).parameters,
+        user_cache=call.get("cache") is not None or call.get("past_key_values") is not None,
+        cache_implementation=generation_config.cache_implementation,
+        use_cache=generation_config.use_cache is not False,
+        disable_compile=bool(generation_config.disable_compile),
+        supports_default_cache=model._supports_default_dynamic_cache(),
+        returns_cache=returns,
+        outputs_attentions_or_states=returns
+        and bool(generation_config.output_attentions or generation_config.output_hidden_states),
+        guidance=generation_config.guidance_scale not in (None, 1, 1.0),
+        do_sample=bool(generation_config.do_sample),
+        device_decode_possible=device_possible,
+    )
+
+
+def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[dict, CallState, Any] | None:
+    """How to run a ``generate()`` on TPU: the arguments to pass upstream, the state the inner
+    wrappers read, and the device the result goes back to; ``None`` to leave the call to upstream."""
+    import torch
+
+    facts = _facts(model, call, generation_config, settings)
+    plan = policy.plan_call(facts, static_cache=settings.static_cache, bucketing=settings.bucketing)
+    if plan.upstream:
+        logger.debug("transformers-tpu-ext: generate() left to upstream: %s", plan.reason)
+        return None
+
+    call = dict(call)
+    main_name = "inputs" if call.get("inputs") is not None else "input_ids"
+    main = call.get(main_name)
+    embeds = call.get("inputs_embeds")
+    if not isinstance(main, torch.Tensor) and isinstance(embeds, torch.Tensor):
+        # Upstream would create the (empty) token tensor on the model's device; create it on the CPU,
+        # with the embeddings, so the loop's tensors live together there.
+        main_name, main = "input_ids", torch.ones((embeds.shape[0], 0), dtype=torch.long)
+        call["input_ids"] = main
+        out_device = embeds.device
+    else:
+        out_device = main.device if isinstance(main, torch.Tensor) else None
+
+    # 1. The growing tensors live on the CPU during the loop; forward gets its inputs moved.
+    cpu = torch.device("cpu")
+    for name in ("inputs", "inputs_embeds", *_GROWING):
+        value = call.get(name)
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            call[name] = value.to(cpu)
+
+    state = CallState(settings=settings, plan=plan)
+    user_config = call.get("generation_config")
+
+    def set_option(name: str, value: Any) -> None:
+        # Through kwargs, or on a private copy of the caller's GenerationConfig (never mutated).
+        if user_config is not None:
+            if call["generation_config"] is user_config:
+                call["generation_config"] = copy.deepcopy(user_config)
+            setattr(call["generation_config"], name, value)
+        else:
+            call[name] = value
+
+    # 2. Static cache by default, so decode compiles with the tpu backend.
+    if plan.static_cache:
+        set_option("cache_implementation", "static")
+    if facts.returns_cache:
+        state.user_cache_kind = "static" if generation_config.cache_implementation == "static" else "dynamic"
+        state.previous_cache_length = getattr(model, "_previous_max_cache_length", -1)
+
+    # 3. Buckets: batch size, prompt length (left padding), cache length.
+    if plan.bucket:
+        ids = call[main_name]
+        real_rows, length = ids.shape
+        mask = call.get("attention_mask")
+        if mask is None:
+            mask = _infer_attention_mask(model, ids, generation_config)
+        # Without any padding the prefill's mask is skipped (upstream drops an all-ones mask, and
+        # SDPA's causal skip drops an unpadded first chunk's), a second, mask-less graph per rung,
+        # even after warmup(): keep one padding column so every call takes the masked graph. (So a
+        # prompt exactly a rung long moves to the next rung; measured: without the column, 16-,
+        # 32- and 64-token prompts compile one more graph each after warmup.)
+        shapes = settings.plan(real_rows, length, 1, min_padding=int(bool(mask.all())))
+        pad = shapes.prompt - length
+        padded_rows = shapes.batch if plan.pad_batch else real_rows
+        if pad:
+            pad_id = _pad_token_id(generation_config, model)
+            ids = torch.cat([ids.new_full((real_rows, pad), pad_id), ids], dim=1)
+            padding_columns = mask.new_ones if _BREAK_PADDING_MASK else mask.new_zeros
+            mask = torch.cat([padding_columns((real_rows, pad)), mask], dim=1)
+        if padded_rows != real_rows:
+            ids = torch.cat([ids, ids[:1].expand(padded_rows - real_rows, -1)], dim=0)
+            mask = torch.cat([mask, mask[:1].expand(padded_rows - real_rows, -1)], dim=0)
+        call[main_name] = ids
+        call["attention_mask"] = mask
+        state.padding = Padding(pad=pad, real_batch=real_rows, padded_batch=padded_rows)
+        if call.get("streamer") is not None and state.padding:
+            call["streamer"] = StreamerView(call["streamer"], state.padding)
+        if (
+            settings.compile_prefill
+            and generation_config.prefill_chunk_size is None
+            and not generation_config.disable_compile
+        ):
+            set_option("prefill_chunk_size", shapes.chunk)
+            state.forced_chunk = True
+    return call, state, out_device
+
+
+_GENERATE_PARAMETERS = {
+    "inputs",
+    "generation_config",
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "synced_gpus",
+    "assistant_model",
+    "streamer",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+    "custom_generate",
+    "trust_remote_code",
+    "tokenizer",
+    "assistant_tokenizer",
+}
+
+
+def _has_other_batched_inputs(call: dict, main_name: str) -> bool:
+    """Tensors we would have to pad along with the prompt (pixel values, positions...): no buckets."""
+    import torch
+
+    allowed = {main_name, "input_ids", "attention_mask", "inputs_embeds"}
+    return any(isinstance(value, torch.Tensor) and name not in allowed for name, value in call.items())
+
+
+def _pad_token_id(generation_config: Any, model: Any) -> int:
+    """A token id for the padding columns: masked out, but it must be a valid embedding index."""
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None)
+    for candidate in (generation_config.pad_token_id, generation_config.eos_token_id, generation_config.bos_token_id):
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None and int(candidate) >= 0 and (vocab is None or int(candidate) < vocab):
+            return int(candidate)
+    return 0
+
+
+def _infer_attention_mask(model: Any, ids: Any, generation_config: Any) -> Any:
+    """The mask upstream would infer for ``ids`` (from the pad token), through upstream's own method."""
+    import torch
+
+    probe = copy.copy(generation_config)
+    pad, eos = generation_config.pad_token_id, generation_config.eos_token_id
+    probe._pad_token_tensor = None if pad is None else torch.tensor(pad)
+    if eos is None:
+        probe._eos_token_tensor = None
+    else:
+        probe._eos_token_tensor = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos])
+    return model._prepare_attention_mask_for_generation(ids, probe, {}).to(torch.long)
+
+
+def _restore(result: Any, state: CallState, device: Any, model: Any) -> Any:
+    """Drop the padding we added, give back the cache the caller expects, move to the input's device."""
+    import torch
+
+    padding = state.padding
+
+    def fix(tensor: Any, sequence: bool) -> Any:
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        if padding.dummy and tensor.dim() >= 1:
+            tensor = padding.rows(tensor)
+        if sequence and padding.pad and tensor.dim() == 2:
+            tensor = tensor[:, padding.pad :]
+        if device is not None and tensor.device != device:
+            tensor = tensor.to(device)
+        return tensor
+
+    if isinstance(result, torch.Tensor):
+        return fix(result, sequence=True)
+    sequences = getattr(result, "sequences", None)
+    if isinstance(sequences, torch.Tensor):
+        if state.user_cache_kind is not None and getattr(result, "cache", None) is not None and (
+            state.plan.bucket or state.plan.static_cache or static_cache.layers_replaced(result.cache)
+        ):
+            result.cache = static_cache.as_upstream_returns(
+                model, result.cache, state.user_cache_kind, state.padding, state.upstream_cache_length
+            )
+        result.sequences = fix(sequences, sequence=True)
+        for name in ("scores", "logits"):
+            value = getattr(result, name, None)
+            if isinstance(value, tuple):
+                setattr(result, name, tuple(fix(item, sequence=False) for item in value))
+        for name in ("sequences_scores", "beam_indices"):
+            value = getattr(result, name, None)
+            if isinstance(value, torch.Tensor):
+                setattr(result, name, fix(value, sequence=False))
+    return result

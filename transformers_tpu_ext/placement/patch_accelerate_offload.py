@@ -1,0 +1,52 @@
+"""Accelerate: weights offloaded to disk load back onto the TPU.
+
+When ``from_pretrained(device_map="auto", offload_folder=...)`` puts modules on ``"disk"``,
+Transformers hands Accelerate an offload index pointing into the checkpoint's safetensors files, and
+``dispatch_model`` builds an ``OffloadedWeightsLoader(..., device=<main device>)``. Before each
+forward of a disk module, the loader opens the file with
+``safetensors.safe_open(file, framework="pt", device="tpu")``; safetensors (0.8) validates the device
+name itself and knows no ``tpu`` (``SafetensorError: device tpu is invalid``), so the first
+generation step fails on a TPU where the same code works on a GPU. (It catches only ``TypeError``
+for its CPU fallback.)
+
+The wrapper rebinds ``safe_open`` inside ``accelerate.utils.offload`` only: a TPU device opens the
+file on the host, and the loader's own ``tensor.to(device)`` that follows moves the tensor to the
+chip, as it does for any tensor not already there. Any other device is passed to safetensors
+unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import backend
+from ..wrapping import Wraps, fail_safe
+
+NAME = "accelerate_offload"
+TARGET = "accelerate.utils.offload"
+DISTRIBUTION = "accelerate"
+
+_wraps = Wraps()
+
+
+def _open_on_host(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wrapper for ``safe_open(filename, framework, device="cpu")``: a TPU device reads on the host."""
+    device = args[2] if len(args) > 2 else kwargs.get("device")
+    if not backend.is_tpu(device):
+        return wrapped(*args, **kwargs)
+    if len(args) > 2:
+        return wrapped(*args[:2], "cpu", *args[3:], **kwargs)
+    return wrapped(*args, **{**kwargs, "device": "cpu"})
+
+
+_wrapper = fail_safe(_open_on_host)
+
+
+def apply(module: Any) -> None:
+    if _wraps:
+        return
+    _wraps.wrap(module, "safe_open", _wrapper)
+
+
+def revert() -> None:
+    _wraps.unwrap_all()

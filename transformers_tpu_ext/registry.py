@@ -1,0 +1,62 @@
+"""The registry of patches: every patch the plugin can apply, with its capability, in one list.
+
+A patch named ``NAME`` of capability ``CAPABILITY`` is the module
+``transformers_tpu_ext.<CAPABILITY>.patch_<NAME>``, which exposes the patch contract:
+
+- ``NAME``: the patch's public name (what ``status()``, ``active_patches()``, ``transformers-tpu
+  doctor`` and ``TRANSFORMERS_TPU_EXT_DISABLE`` use). These names are stable: users have them in
+  scripts.
+- ``TARGET``: the dotted name of the module whose import triggers ``apply``.
+- ``DISTRIBUTION``: the distribution whose version gates the patch (ranges in ``requirements.txt``).
+- ``apply(module)``: install the wrappers (``module`` is the imported ``TARGET``).
+- ``revert()``: restore the exact originals, guard for guard.
+
+A patch module imports nothing from its target at import time. Adding a patch is one new module in
+its capability's folder plus one line below. Patches are armed, and reverted in reverse, in this order.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = ["CAPABILITIES", "PATCHES", "REGISTRY", "capability", "module_name"]
+
+#: Patch name -> capability (the subpackage holding the patch and the decisions it applies).
+PATCHES: Mapping[str, str] = MappingProxyType(
+    {
+        "accelerate_memory": "placement",
+        "accelerate_offload": "placement",
+        "transformers_device_map": "placement",
+        "transformers_pipeline": "placement",
+        "transformers_tied_weights": "placement",
+        "hub_kernels": "kernels",
+        "use_kernels": "kernels",
+        "generation": "generation",
+        "tp_plan_rewrite": "parallelism",
+        "tp_kv_cache": "parallelism",
+        "continuous_batching": "serving",
+        "torch_ddp": "training",
+        "accelerate_state": "training",
+        "accelerate_dataclasses": "training",
+        "accelerate_prepare": "training",
+        "transformers_training_args": "training",
+        "transformers_trainer": "training",
+    }
+)
+
+#: Every patch name, in the order patches are armed.
+REGISTRY: tuple[str, ...] = tuple(PATCHES)
+
+#: Every capability with patches, in the order of its first patch.
+CAPABILITIES: tuple[str, ...] = tuple(dict.fromkeys(PATCHES.values()))
+
+
+def capability(name: str) -> str:
+    """The capability of the patch ``name`` (``KeyError`` for an unknown name)."""
+    return PATCHES[name]
+
+
+def module_name(name: str) -> str:
+    """The dotted name of the module implementing the patch ``name``."""
+    return f"{__package__}.{PATCHES[name]}.patch_{name}"

@@ -1,0 +1,16 @@
+"""Serving: Transformers' continuous batching on TPU, with a fixed set of compiled step shapes.
+
+- :mod:`.policy` (pure): the token and request ladders of a step, the step shapes a warm-up
+  compiles, the paged KV cache sized from the chip's HBM, the settings (:func:`configure`).
+- :mod:`.runtime`: the pieces a step runs with (padded step inputs, the warm-up, compile settings).
+- ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
+  and ``transformers serve --continuous-batching``.
+
+See ``docs/serving.md``.
+"""
+
+from __future__ import annotations
+
+from .policy import ServeSettings, configure, current, reset
+
+__all__ = ["ServeSettings", "configure", "current", "reset"]

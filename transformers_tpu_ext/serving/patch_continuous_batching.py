@@ -1,0 +1,313 @@
+"""Patch of Transformers' continuous batching: ``generate_batch``, the manager and ``transformers serve`` on TPU.
+
+Thin wrappers; each falls straight through unless the manager's model is on a TPU (a
+``ContinuousBatchingManager`` built there carries a ``tpu_plan`` on its resolved config):
+
+- ``ContinuousBatchingManager.__init__``: plans the manager (shapes, page size, max length, HBM) and
+  switches the model's attention to ``"tpu_paged"`` (restored by ``stop()``, as upstream restores it).
+- ``resolve_continuous_batching_config``: step shapes from the bucket ladders, the ``tpu`` compile
+  backend (a CompileConfig it would reject is adapted, with one warning), no CUDA graphs, no
+  asynchronous batching (streams do not work on torch_tpu 0.2.0).
+- ``ContinuousBatchingIOs`` (the name the batch processor builds): ``TPUBatchIO`` on TPU.
+- ``PagedAttentionMemoryHandler``: the cache is sized from the chip's HBM (not host RAM).
+- ``PagedAttentionCache.__init__`` / ``group_layers_by_attn_type``: one full-attention cache group
+  (sliding windows are applied by the attention's mask).
+- ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
+- ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
+- ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
+
+The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transformers_tpu_ext.serving.policy``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import sys
+from typing import Any
+
+from . import policy as serving
+from ..backend import chip_info, is_tpu
+from ..wrapping import Wraps, warn_once
+
+NAME = "continuous_batching"
+TARGET = "transformers.generation.continuous_batching.continuous_api"
+DISTRIBUTION = "transformers"
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+_wraps = Wraps()
+_registered_attention: list[Any] = []  # the mapping we registered "tpu_paged" in (for revert)
+_saved_recompile_limit: list[int] = []
+#: TorchDynamo's recompile limit is raised to at least this (every step shape is a recompilation of one
+#: function; past the limit TorchDynamo would silently run it eagerly), as the generation patch does.
+_RECOMPILE_LIMIT = 64
+
+
+class _Init:
+    """What the ``__init__`` wrapper knows while upstream's ``__init__`` runs (read by the resolve wrapper)."""
+
+    def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any) -> None:
+        self.model, self.settings, self.user_config = model, settings, user_config
+        chip = chip_info()
+        from ..placement.budget import headroom_bytes
+
+        self.hbm = chip.total_memory if chip else 0
+        self.headroom = headroom_bytes(self.hbm)
+        self.resident = _resident_bytes(model)
+
+
+_init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb_init", default=None)
+_one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
+
+
+def apply(module: Any) -> None:
+    cache_module = sys.modules["transformers.generation.continuous_batching.cache"]
+    manager = module.ContinuousBatchingManager
+    _wraps.wrap(manager, "__init__", _manager_init)
+    _wraps.wrap(manager, "switch_to_cb_friendly_attn", _switch_attention)
+    _wraps.wrap(manager, "start", _start)
+    _wraps.wrap(manager, "add_request", _add_request)
+    _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
+    _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
+    _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
+    _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
+    _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    handler = cache_module.PagedAttentionMemoryHandler
+    _wraps.wrap(handler, "get_available_memory", _available_memory)
+    _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", _infer_sizes)
+
+
+def revert() -> None:
+    _wraps.unwrap_all()
+    while _registered_attention:
+        _registered_attention.pop()._global_mapping.pop(_runtime().ATTENTION_NAME, None)
+    if _saved_recompile_limit:
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = _saved_recompile_limit.pop()
+
+
+def _runtime() -> Any:
+    from . import runtime as _cb_runtime
+
+    return _cb_runtime
+
+
+def _plan_of(config: Any) -> serving.ServingPlan | None:
+    return getattr(config, "tpu_plan", None)
+
+
+# -------------------------------------------------------------------------------------------------
+# The manager
+
+
+def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    model = args[0] if args else kwargs.get("model")
+    if not is_tpu(getattr(model, "device", None)):
+        return wrapped(*args, **kwargs)
+    if getattr(model, "_device_mesh", None) is not None:
+        warn_once("continuous batching with tensor parallelism is not supported on TPU yet; running it unpatched")
+        return wrapped(*args, **kwargs)
+    # The user's own mistakes (a bad TRANSFORMERS_TPU_EXT_SERVE_* or HBM headroom value) raise here.
+    settings = serving.current()
+    user_config = args[2] if len(args) > 2 else kwargs.get("continuous_batching_config")
+    token = _init.set(_Init(model, settings, user_config))
+    try:
+        wrapped(*args, **kwargs)
+    finally:
+        _init.reset(token)
+    if _plan_of(instance.continuous_batching_config) is not None:
+        _use_tpu_attention(instance, model)
+
+
+def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    model = args[0] if args else kwargs["model"]
+    original = getattr(model, "_tpu_ext_attn_original", None)
+    if original is not None and model.config._attn_implementation == _runtime().ATTENTION_NAME:
+        # A manager that never started (so never stopped) left it switched: upstream's check must see the user's.
+        model.set_attn_implementation(original)
+    result = wrapped(*args, **kwargs)
+    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None:  # a cached manager, re-used
+        _use_tpu_attention(instance, model)
+    return result
+
+
+def _use_tpu_attention(manager: Any, model: Any) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = _runtime().ATTENTION_NAME
+    if ALL_ATTENTION_FUNCTIONS._global_mapping.get(name) is not _runtime().paged_attention:
+        ALL_ATTENTION_FUNCTIONS._global_mapping[name] = _runtime().paged_attention
+        _registered_attention.append(ALL_ATTENTION_FUNCTIONS)
+    original = model.config._attn_implementation
+    if original != name:
+        model._tpu_ext_attn_original = original
+        model.set_attn_implementation(name)
+        if manager._original_attn_impl is None:
+            manager._original_attn_impl = original
+
+
+def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.continuous_batching_config)
+    if plan is not None and plan.warmup and not instance.warmed_up and not instance.is_running():
+        instance.warmup()  # transformers serve starts the manager without a warm-up
+    return wrapped(*args, **kwargs)
+
+
+def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.continuous_batching_config)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+    input_ids = args[0] if args else kwargs["input_ids"]
+    asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
+    if asked is None:
+        asked = instance.generation_config.max_new_tokens
+    fitted = serving.fit_request(len(input_ids), asked, plan.max_len)  # a prompt too long raises here
+    if fitted != asked:
+        if asked is not None:
+            warn_once(
+                f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
+                f"{serving.ENV['max_len']} raises it)"
+            )
+        if len(args) > 2:
+            args = (*args[:2], fitted, *args[3:])
+        else:
+            kwargs = {**kwargs, "max_new_tokens": fitted}
+    return wrapped(*args, **kwargs)
+
+
+def _resolve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    init = _init.get()
+    resolved = wrapped(*args, **kwargs)
+    if init is None or not is_tpu(kwargs.get("device")):
+        return resolved
+    try:
+        _plan_manager(resolved, init, kwargs.get("config"), kwargs.get("workload_hints"))
+    except Exception as error:  # a bug of ours: upstream continuous batching, unpatched
+        warn_once(f"planning continuous batching on TPU failed ({type(error).__name__}: {error}); running it unpatched")
+        resolved.__dict__.pop("tpu_plan", None)
+    return resolved
+
+
+def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
+    user = init.user_config
+    hint_len = (hints.max_prompt_length + hints.max_generated_length) if hints is not None else 0
+    default_page = type(resolved)().page_size
+    plan = serving.plan_for(
+        init.settings,
+        hint_len=hint_len or None,
+        model_max_len=getattr(config, "max_position_embeddings", None),
+        page_size=resolved.page_size if resolved.page_size != default_page else None,
+        max_batch_tokens=getattr(user, "max_batch_tokens", None),
+        max_requests=getattr(user, "max_requests_per_batch", None),
+        hbm_bytes=init.hbm,
+        resident_bytes=init.resident,
+        headroom_bytes=init.headroom,
+    )
+    if getattr(user, "use_async_batching", None):
+        warn_once("asynchronous batching needs device streams, which torch_tpu 0.2.0 does not provide; running synchronously")
+    resolved.page_size = plan.page_size
+    resolved.max_batch_tokens = plan.max_batch_tokens
+    resolved.max_requests_per_batch = plan.max_requests
+    resolved.max_blocks_per_request = 0  # upstream's flash decode path; ours reads pages on its own
+    resolved.use_cuda_graph = (False, False)
+    resolved.use_async_batching = False
+    resolved.varlen_compile_config = _runtime().tpu_compile_config(getattr(user, "varlen_compile_config", None))
+    resolved.decode_compile_config = None
+    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(plan.shapes) + 8))
+    resolved.tpu_plan = plan
+
+
+def _raise_recompile_limit(limit: int) -> None:
+    import torch._dynamo
+
+    current = torch._dynamo.config.recompile_limit
+    if current < limit:
+        if not _saved_recompile_limit:
+            _saved_recompile_limit.append(current)
+        torch._dynamo.config.recompile_limit = limit
+
+
+def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """The batch processor's ``ContinuousBatchingIOs(**kwargs)``: ``TPUBatchIO`` for a planned manager."""
+    if _plan_of(kwargs.get("continuous_batching_config")) is not None:
+        return _runtime().io_class()(*args, **kwargs)
+    return wrapped(*args, **kwargs)
+
+
+# -------------------------------------------------------------------------------------------------
+# The paged cache: one full-attention group, sized from the chip's HBM
+
+
+def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    config = kwargs.get("continuous_batching_config", args[1] if len(args) > 1 else None)
+    if _plan_of(config) is None:
+        return wrapped(*args, **kwargs)
+    token = _one_group.set(True)
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        _one_group.reset(token)
+    return result
+
+
+def _group_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    groups = wrapped(*args, **kwargs)
+    if not _one_group.get() or len(groups) == 1 and "full_attention" in groups:
+        return groups
+    # Sliding-window layers keep their whole history: the attention applies the window by mask.
+    return {"full_attention": sorted(layer for layers in groups.values() for layer in layers)}
+
+
+def _available_memory(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.cb_config)
+    return wrapped(*args, **kwargs) if plan is None else plan.budget
+
+
+def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.cb_config)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+    plan.cache = serving.cache_plan(
+        plan.budget,
+        instance.bytes_per_sector,
+        _step_bytes(instance, plan),
+        requested_sectors=instance.num_sectors_from_config(),
+    )
+    logger.info("transformers-tpu-ext: TPU paged cache %s", plan.cache)
+    return plan.max_batch_tokens, plan.cache.num_sectors
+
+
+def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
+    from transformers.generation.continuous_batching.utils import find_head_dim
+
+    return serving.step_bytes(
+        plan,
+        heads=handler.num_attention_heads,
+        kv_heads=handler.num_key_value_heads,
+        head_dim=find_head_dim(handler.config),
+        itemsize=handler.activation_dtype.itemsize,
+        vocab_size=handler.config.vocab_size,
+        activation_bytes_per_token=handler.bytes_per_batch_token,
+    )
+
+
+def _resident_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers on the TPU (a tied tensor counted once)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if is_tpu(tensor):
+            seen[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())
+
+
+# -------------------------------------------------------------------------------------------------
+# Warm-up: every (Q, S) step shape, once
+
+
+def _runner_warmup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not isinstance(instance.inputs_and_outputs, _runtime().io_class()):
+        return wrapped(*args, **kwargs)
+    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(instance.inputs_and_outputs.plan.shapes) + 8))
+    return _runtime().warmup(instance, args[0] if args else kwargs["model"])

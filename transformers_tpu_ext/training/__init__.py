@@ -1,0 +1,24 @@
+"""Training: unmodified ``Trainer`` and Accelerate code trains on the TPU, one chip or many.
+
+The decisions (pure modules, no torch, no Transformers):
+
+- :mod:`.policy`: the device and the distributed set-up (process group, replica checks, DDP/FSDP),
+  the compile backend, the optimizer adaptation;
+- :mod:`.buckets`: the static shapes of training batches (sequence ladder, padded rows, what is padded
+  with what).
+
+The public helpers (:mod:`.collator`): :class:`BucketCollator` (batches of static shapes) and
+:func:`warmup` (compile every bucket before training).
+
+The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` finds the TPU),
+``patch_accelerate_dataclasses`` (``TorchDynamoPlugin(backend="tpu")``), ``patch_accelerate_prepare``
+(no unsynchronised replicas; the optimizer adapted), ``patch_torch_ddp`` (DDP of a TPU module),
+``patch_transformers_training_args`` (``torch_compile=True``) and ``patch_transformers_trainer``
+(bucketed data loaders, complete checkpoints). See ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+from .collator import BucketCollator, warmup
+
+__all__ = ["BucketCollator", "warmup"]

@@ -1,0 +1,313 @@
+"""Training on TPU: the public helpers (see ``docs/training.md``).
+
+- :class:`BucketCollator` wraps a data collator so that its batches have static shapes (the policy
+  is :mod:`transformers_tpu_ext.training.buckets`). On TPU the ``transformers_trainer`` patch puts it
+  under every Trainer data loader; a plain Accelerate or PyTorch loop can wrap its own collator.
+- :func:`warmup` compiles, before training, the programs every bucket needs, without changing the
+  model, the optimizer, the schedule or the random streams.
+
+Importing this module imports nothing heavy; torch is imported when a batch is padded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from . import buckets as batch_buckets
+
+__all__ = ["BucketCollator", "warmup"]
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+
+class BucketCollator:
+    """A collate function whose batches are padded to a few static shapes.
+
+    ``collate_fn(features)`` makes the batch (a mapping of tensors, e.g. what
+    ``DataCollatorForLanguageModeling`` returns); the per-token tensors are then padded on the right
+    to a rung of the sequence ladder, and (``pad_rows=True``, training) a partial batch is completed
+    to ``batch_size`` rows whose labels are ignored. Batches it cannot pad safely (see
+    :func:`batch_buckets.plan_batch`) pass unchanged, with one log line saying why.
+
+    ``settings`` defaults to the environment (:func:`batch_buckets.settings`); ``used`` is the set of
+    padded lengths already produced (shared between collators that feed one model).
+    """
+
+    def __init__(
+        self,
+        collate_fn: Callable[[Any], Any],
+        *,
+        batch_size: int | None = None,
+        pad_token_id: int | None = None,
+        pad_rows: bool = True,
+        add_attention_mask: bool = True,
+        settings: batch_buckets.Settings | None = None,
+        used: set[int] | None = None,
+    ) -> None:
+        self.collate_fn = collate_fn
+        self.batch_size = batch_size
+        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.pad_rows = pad_rows
+        self.add_attention_mask = add_attention_mask
+        self.settings = settings if settings is not None else batch_buckets.settings()
+        self.used: set[int] = used if used is not None else set()
+        self._told: set[str] = set()
+
+    def __call__(self, features: Any) -> Any:
+        return self.pad(self.collate_fn(features))
+
+    def __repr__(self) -> str:
+        return f"BucketCollator({self.collate_fn!r}, batch_size={self.batch_size}, ladder={self.settings.ladder[:8]}...)"
+
+    def pad_to(self, batch: Mapping[str, Any], length: int, rows: int | None = None) -> Any:
+        """``batch`` with its per-token tensors cut or padded to exactly ``length`` (and ``rows`` rows)."""
+        import torch
+
+        values = dict(batch)
+        for key in batch_buckets.SEQUENCE_PADDING:
+            tensor = values.get(key)
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[1] > length:
+                values[key] = tensor[:, :length]
+        keys = [k for k in batch_buckets.SEQUENCE_PADDING if isinstance(values.get(k), torch.Tensor) and values[k].dim() >= 2]
+        plan = batch_buckets.BatchPlan(
+            rows=rows or values[keys[0]].shape[0], lengths={k: length for k in keys}, sequence=length
+        )
+        return _apply(values, plan, self.pad_token_id, self.add_attention_mask)
+
+    def pad(self, batch: Any) -> Any:
+        """``batch`` padded to its bucket (a new mapping of the same type), or ``batch`` itself."""
+        if not self.settings.enabled or not isinstance(batch, Mapping):
+            return batch
+        import torch
+
+        shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in batch.items()}
+        labels = batch.get("labels")
+        plan = batch_buckets.plan_batch(
+            shapes,
+            ladder=self.settings.ladder,
+            used=self.used,
+            reuse=self.settings.reuse,
+            batch_size=self.batch_size,
+            pad_rows=self.pad_rows,
+            integer_labels=isinstance(labels, torch.Tensor) and not labels.is_floating_point(),
+        )
+        if isinstance(plan, str):
+            if plan not in self._told:
+                self._told.add(plan)
+                logger.info("transformers-tpu-ext: batch left unbucketed: %s", plan)
+            return batch
+        self.used.add(plan.sequence)
+        return _apply(batch, plan, self.pad_token_id, self.add_attention_mask)
+
+
+def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id: int, add_mask: bool) -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    values = dict(batch)
+    if add_mask and "attention_mask" not in values and "input_ids" in plan.lengths:
+        ids = values["input_ids"]
+        if plan.lengths["input_ids"] > ids.shape[1]:
+            values["attention_mask"] = torch.ones(ids.shape[:2], dtype=torch.long)
+    for key, length in plan.lengths.items():
+        if key not in values:
+            continue
+        tensor = values[key]
+        extra = length - tensor.shape[1]
+        if extra > 0:
+            fill = batch_buckets.SEQUENCE_PADDING[key]
+            value = pad_token_id if fill == batch_buckets.PAD_TOKEN else fill
+            pad = (0, 0) * (tensor.dim() - 2) + (0, extra)
+            values[key] = F.pad(tensor, pad, value=value)
+    first = next(iter(plan.lengths))
+    rows = values[first].shape[0]
+    if plan.rows > rows:
+        missing = plan.rows - rows
+        for key, tensor in values.items():
+            filler = tensor[:1].expand(missing, *tensor.shape[1:])
+            if key == "labels":
+                filler = torch.full_like(filler, batch_buckets.IGNORE_INDEX)
+            values[key] = torch.cat([tensor, filler])
+    if isinstance(batch, dict) and type(batch) is dict:
+        return values
+    try:
+        result = type(batch)(values)
+    except Exception:  # noqa: BLE001 - a mapping type we cannot rebuild: a dict does
+        return values
+    return result
+
+
+def _trainer_collator(train_dataloader: Any) -> tuple[BucketCollator | None, Any]:
+    base = vars(train_dataloader).get("base_dataloader", train_dataloader)
+    collate = getattr(base, "collate_fn", None)
+    return (collate if isinstance(collate, BucketCollator) else None), getattr(base, "dataset", None)
+
+
+class _Snapshot:
+    """What one training step changes (parameters, buffers, optimizer, schedule, random streams),
+    copied to the host so that :meth:`restore` puts it back in place."""
+
+    def __init__(self, model: Any, optimizer: Any, scheduler: Any) -> None:
+        import copy
+        import random
+
+        import torch
+
+        from .. import backend
+
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)
+        self.scheduler = scheduler
+        self.tensors = [(t, _host_copy(t)) for t in [*model.parameters(), *model.buffers()]]
+        self.state = {p: {k: (v, _host_copy(v)) for k, v in s.items()} for p, s in self.optimizer.state.items()}
+        self.groups = [
+            {k: ((v, _host_copy(v)) if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in g.items() if k != "params"}
+            for g in self.optimizer.param_groups
+        ]
+        self.schedule = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
+        self.rng = (random.getstate(), torch.random.get_rng_state(), backend.rng_state())
+
+    def restore(self) -> None:
+        import random
+
+        import torch
+
+        from .. import backend
+
+        with torch.no_grad():
+            for tensor, saved in self.tensors:
+                _local(tensor).copy_(saved)
+            for param in list(self.optimizer.state):
+                if param not in self.state:
+                    if _zero_is_fresh(self.optimizer, self.optimizer.state[param]):
+                        # A zeroed state is a fresh one, and keeping its tensors keeps a compiled
+                        # step's guards (an emptied state would be traced again).
+                        for value in self.optimizer.state[param].values():
+                            _local(value).zero_()
+                    else:
+                        del self.optimizer.state[param]
+            for param, entries in self.state.items():
+                state = self.optimizer.state[param]
+                for key in list(state):
+                    if key not in entries:
+                        del state[key]
+                for key, (original, saved) in entries.items():
+                    if isinstance(original, torch.Tensor):
+                        _local(original).copy_(saved)
+                    state[key] = original
+            for group, saved in zip(self.optimizer.param_groups, self.groups):
+                for key, value in saved.items():
+                    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor):
+                        _local(value[0]).copy_(value[1])
+                        group[key] = value[0]
+                    else:
+                        group[key] = value
+        if self.schedule is not None:
+            self.scheduler.load_state_dict(self.schedule)
+        python, cpu, tpu = self.rng
+        random.setstate(python)
+        torch.random.set_rng_state(cpu)
+        backend.set_rng_state(tpu)
+
+
+#: Optimizers whose state, all zeros (step count included), is exactly a fresh one.
+_ZERO_INITIALISED = ("Adam", "AdamW")
+
+
+def _zero_is_fresh(optimizer: Any, state: Mapping[str, Any]) -> bool:
+    import torch
+
+    return type(optimizer).__name__ in _ZERO_INITIALISED and all(isinstance(v, torch.Tensor) for v in state.values())
+
+
+def _local(tensor: Any) -> Any:
+    to_local = getattr(tensor, "to_local", None)  # a DTensor (FSDP2): its shard
+    return (to_local() if to_local is not None else tensor).detach()
+
+
+def _host_copy(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _local(value).to("cpu", copy=True)
+    return value
+
+
+def _track_loss(loss: Any) -> None:
+    """What the Trainer does with each step's loss (its NaN/Inf filter and on-device running sum)."""
+    import torch
+
+    torch.isnan(loss)
+    torch.isinf(loss)
+    torch.zeros((), dtype=loss.dtype, device=loss.device).add_(loss)
+
+
+class _Warmup:
+    """Runs :func:`warmup`'s steps when training begins (the model, optimizer and schedule exist)."""
+
+    def __init__(self, trainer: Any, max_length: int | None, lengths: Iterable[int] | None) -> None:
+        self.trainer = trainer
+        self.max_length = max_length
+        self.requested = None if lengths is None else sorted({int(n) for n in lengths})
+        #: the sequence lengths warmed up (filled when training begins)
+        self.lengths: list[int] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.lengths or state.global_step:  # once, and not when resuming mid-run
+            return
+        trainer = self.trainer
+        collator, dataset = _trainer_collator(kwargs["train_dataloader"])
+        if collator is None or dataset is None:
+            logger.info("transformers-tpu-ext: warmup skipped: the training batches are not bucketed")
+            return
+        from ..ladders import round_up
+
+        ladder = collator.settings.ladder
+        lengths = self.requested or [r for r in ladder if r <= round_up(self.max_length, ladder)]
+        rows = collator.batch_size or args.per_device_train_batch_size
+        features = [dataset[i % len(dataset)] for i in range(rows)]
+        base = collator.collate_fn(features)
+        model = trainer.model_wrapped
+        snapshot = _Snapshot(model, trainer.optimizer, trainer.lr_scheduler)
+        from ..progress import Progress
+
+        bar = Progress(len(lengths), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
+        try:
+            for length in lengths:
+                batch = collator.pad_to(base, length, rows)
+                batch = trainer._prepare_inputs(batch)
+                items = trainer._get_num_items_in_batch([batch], args.device)
+                loss = trainer.training_step(model, batch, items)
+                _track_loss(loss)
+                if args.max_grad_norm and args.max_grad_norm > 0:
+                    trainer._clip_grad_norm(model)
+                trainer.optimizer.step()
+                trainer.lr_scheduler.step()
+                model.zero_grad()
+                bar.step(f"compiled a training step of {rows} x {length} tokens")
+        finally:
+            bar.close()
+            model.zero_grad()
+            snapshot.restore()
+        collator.used.update(lengths)
+        self.lengths = lengths
+
+
+def warmup(trainer: Any, max_length: int | None = None, lengths: Iterable[int] | None = None) -> Any:
+    """Compile, when ``trainer.train()`` begins, the programs of every sequence bucket up to ``max_length``.
+
+    One training step (forward, backward, gradient clipping, optimizer and schedule) runs per bucket
+    on a batch built from the first examples of the training set, then parameters, optimizer state,
+    schedule and random streams are put back exactly as they were: the run itself is unchanged, and
+    compiles nothing new for batches of those buckets. ``lengths`` names the buckets instead. Call it
+    once, before ``train()``; every process of a multi-chip run does the same steps (their
+    collectives match). Returns the callback, whose ``lengths`` lists the buckets warmed up.
+    """
+    if max_length is None and lengths is None:
+        raise ValueError("warmup(trainer, max_length=...) needs the longest sequence length to warm up (or lengths=[...])")
+    from transformers import TrainerCallback
+
+    callback = type("TPUWarmupCallback", (_Warmup, TrainerCallback), {})(trainer, max_length, lengths)
+    trainer.add_callback(callback)
+    return callback

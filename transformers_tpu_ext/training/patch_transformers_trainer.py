@@ -1,0 +1,181 @@
+"""Transformers: the ``Trainer`` keeps TPU shapes static and its checkpoints complete.
+
+On TPU (the Trainer's device is ``tpu``), and only there:
+
+- ``Trainer._get_dataloader`` (behind the train, eval and test loaders): the loader's collate
+  function is wrapped in :class:`transformers_tpu_ext.training.BucketCollator`, so batches come in a
+  few sequence-length buckets, and a partial training batch is completed with ignored rows
+  (evaluation keeps its real rows). The policy is :mod:`transformers_tpu_ext.training.buckets`;
+  ``TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS=0`` turns it off.
+- ``Trainer._save_rng_state`` / ``_load_rng_state``: the TPU's random state is saved next to the
+  others (``tpu_state[_<rank>].pth``) and restored on resume, through the public
+  ``torch.tpu.default_generators`` (``torch.tpu.get_rng_state`` is internal to torch_tpu), with the
+  sequence buckets already used, restored with the optimizer (``_load_optimizer_and_scheduler``),
+  before the first batch of the resumed run is padded: it pads its batches as the interrupted run
+  did (a bucket's reuse depends on the buckets used before), so dropout draws the same numbers.
+- ``Trainer._save_checkpoint`` and ``Trainer.save_model``: with several processes, every rank
+  synchronises its chip first (``torch.accelerator.synchronize()``), so the host reads the main
+  process alone does while saving never wait on work the other ranks have not issued.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+from .. import backend
+from . import buckets as batch_buckets
+from ..wrapping import Wraps, fail_safe, warn_once
+
+NAME = "transformers_trainer"
+TARGET = "transformers.trainer"
+DISTRIBUTION = "transformers"
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+_wraps = Wraps()
+
+#: Saved next to each checkpoint's other random states (``tpu_state_<rank>.pth`` with several processes).
+STATE_FILE = "tpu_state.pth"
+BUCKETS = "_tpu_ext_bucket_lengths"
+
+
+def _torch() -> Any:
+    return sys.modules["torch"]
+
+
+def trains_on_tpu(trainer: Any) -> bool:
+    args = getattr(trainer, "args", None)
+    return backend.tpu_available() and backend.is_tpu(getattr(args, "device", None))
+
+
+def _pad_token_id(trainer: Any) -> int | None:
+    for owner in (getattr(trainer, "processing_class", None), getattr(getattr(trainer, "model", None), "config", None)):
+        pad = getattr(owner, "pad_token_id", None)
+        if isinstance(pad, int):
+            return pad
+    return None
+
+
+def _accepts_attention_mask(model: Any) -> bool:
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "attention_mask" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _after(what: str, function: Callable[..., Any], *args: Any) -> None:
+    """Run our own post-processing; a failure of ours is one warning, never the user's error."""
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001
+        warn_once(f"{what} failed ({type(error).__name__}: {error}); continuing without it")
+
+
+def _get_dataloader(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wrapper for ``_get_dataloader(dataset, description, batch_size, sampler_fn=None, is_training=False, ...)``."""
+    loader = wrapped(*args, **kwargs)
+    if trains_on_tpu(instance):
+        _after("bucketing the Trainer's batches", _bucket, instance, loader, args, kwargs)
+    return loader
+
+
+def _bucket(instance: Any, loader: Any, args: tuple, kwargs: dict) -> None:
+    settings = batch_buckets.settings()
+    from .collator import BucketCollator
+
+    # Accelerate's DataLoaderShard adapts a DataLoader of its own, which is the one that collates.
+    loader = vars(loader).get("base_dataloader", loader)
+    collate = getattr(loader, "collate_fn", None)
+    if not settings.enabled or collate is None or isinstance(collate, BucketCollator):
+        return
+    batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
+    is_training = args[4] if len(args) > 4 else kwargs.get("is_training", False)
+    used = instance.__dict__.setdefault(BUCKETS, set())
+    loader.collate_fn = BucketCollator(
+        collate,
+        batch_size=batch_size,
+        pad_token_id=_pad_token_id(instance),
+        pad_rows=bool(is_training),
+        add_attention_mask=_accepts_attention_mask(instance.model),
+        settings=settings,
+        used=used,
+    )
+
+
+def _rng_file(trainer: Any, directory: str) -> str:
+    world = getattr(trainer.args, "world_size", 1)
+    name = STATE_FILE if world <= 1 else STATE_FILE.replace(".pth", f"_{trainer.args.process_index}.pth")
+    return os.path.join(directory, name)
+
+
+def _save_rng_state(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    if trains_on_tpu(instance):
+        output_dir = args[0] if args else kwargs["output_dir"]
+        _after("saving the TPU random state", _save_tpu_rng, instance, output_dir)
+    return result
+
+
+def _save_tpu_rng(trainer: Any, output_dir: str) -> None:
+    used = sorted(trainer.__dict__.get(BUCKETS, ()))
+    _torch().save({"tpu": backend.rng_state(), "bucket_lengths": used}, _rng_file(trainer, output_dir))
+
+
+def _load_rng_state(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    checkpoint = args[0] if args else kwargs.get("checkpoint")
+    if checkpoint is None or not trains_on_tpu(instance):
+        return result
+    _after("restoring the TPU random state", _load_tpu_rng, instance, checkpoint)
+    return result
+
+
+def _load_tpu_rng(trainer: Any, checkpoint: str) -> None:
+    path = _rng_file(trainer, checkpoint)
+    if os.path.isfile(path):
+        backend.set_rng_state(_torch().load(path, weights_only=True)["tpu"])
+    else:
+        warn_once(f"no TPU random state in {checkpoint}: random numbers on the TPU will not continue the interrupted run's")
+
+
+def _load_optimizer_and_scheduler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Resuming: the buckets used before the checkpoint are known before the first batch is padded."""
+    result = wrapped(*args, **kwargs)
+    checkpoint = args[0] if args else kwargs.get("checkpoint")
+    if checkpoint is not None and trains_on_tpu(instance):
+        _after("restoring the sequence buckets", _load_buckets, instance, checkpoint)
+    return result
+
+
+def _load_buckets(trainer: Any, checkpoint: str) -> None:
+    path = _rng_file(trainer, checkpoint)
+    if os.path.isfile(path):
+        used = trainer.__dict__.setdefault(BUCKETS, set())
+        used.clear()
+        used.update(_torch().load(path, weights_only=True).get("bucket_lengths", ()))
+
+
+def _synchronized(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    if trains_on_tpu(instance) and getattr(instance.args, "world_size", 1) > 1:
+        _torch().accelerator.synchronize()
+    return wrapped(*args, **kwargs)
+
+
+def apply(module: Any) -> None:
+    if _wraps:
+        return
+    _wraps.wrap(module, "Trainer._get_dataloader", fail_safe(_get_dataloader))
+    _wraps.wrap(module, "Trainer._save_rng_state", fail_safe(_save_rng_state))
+    _wraps.wrap(module, "Trainer._load_rng_state", fail_safe(_load_rng_state))
+    _wraps.wrap(module, "Trainer._load_optimizer_and_scheduler", fail_safe(_load_optimizer_and_scheduler))
+    _wraps.wrap(module, "Trainer._save_checkpoint", fail_safe(_synchronized))
+    _wraps.wrap(module, "Trainer.save_model", fail_safe(_synchronized))
+
+
+def revert() -> None:
+    _wraps.unwrap_all()
