@@ -112,6 +112,7 @@ for _name in _activation.active_patches():
 
 def _assert_each_patch_applied_once(value: dict) -> None:
     registry = list(ext.activation.registry.REGISTRY)
+    assert value.get("import_errors", []) == []  # every target imported: a missing patch below is then ours
     assert value["applied"] == registry
     assert value["skipped"] == {}
     assert value["warnings"] == []
@@ -131,8 +132,13 @@ import importlib, sys, time
 TARGETS = sorted({activation._patch_module(name).TARGET for name in activation.registry.REGISTRY})
 import transformers, accelerate  # the packages first: their own __init__ is not safe to race (upstream)
 start = threading.Barrier(len(TARGETS) + 2)
+import_errors = []
 def importer(name):
-    start.wait(); importlib.import_module(name)
+    start.wait()
+    try:
+        importlib.import_module(name)
+    except BaseException as error:  # an upstream import racing another: reported, not the plugin's
+        import_errors.append(f"{name}: {type(error).__name__}: {error}")
 def activator():
     start.wait()
     deadline = time.monotonic() + 60
@@ -149,7 +155,8 @@ with warnings.catch_warnings(record=True) as caught:
         + _wrapper_depth()
         + """
 report({"applied": ext.active_patches(), "skipped": ext.skipped_patches(), "applies": applies, "depths": depths,
-        "warnings": [str(w.message) for w in caught if issubclass(w.category, ext.TransformersTPUExtWarning)]})
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, ext.TransformersTPUExtWarning)],
+        "import_errors": import_errors})
 """,
         env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
     )
