@@ -136,12 +136,31 @@ def test_compile_settings_for_tpu():
     assert (backend, mode) == ("tpu", None) and len(notes) == 2 and "inductor" in notes[0]
 
 
-def test_optimizer_overrides():
-    adam = {"lr": 1e-3, "capturable": False, "fused": None}
-    assert training_policy.optimizer_overrides(adam, lr_is_tensor=False) == {"capturable": True, "lr": "tensor"}
-    assert training_policy.optimizer_overrides({**adam, "capturable": True}, lr_is_tensor=True) == {}
-    assert training_policy.optimizer_overrides({"lr": 0.1, "momentum": 0.9}, lr_is_tensor=False) == {}  # SGD
-    assert training_policy.optimizer_overrides(adam, lr_is_tensor=False, sharded=True) == {}
-    assert training_policy.compiles_optimizer_step({"capturable": True, "fused": None})
-    assert not training_policy.compiles_optimizer_step({"capturable": True, "fused": True})
-    assert not training_policy.compiles_optimizer_step({"momentum": 0.9})
+ADAMW = "torch.optim.adamw.AdamW"
+
+
+@pytest.mark.parametrize("kind", ["torch.optim.adam.Adam", ADAMW])
+def test_adam_and_adamw_are_adapted_during_the_step(kind):
+    default = training_policy.optimizer_plan(kind, {"lr": 1e-3, "foreach": None, "fused": None})
+    assert default.action == "adapt" and default.tensor_lr and default.compile_step
+    assert default.settings == {"foreach": True, "capturable": True}
+    fused = training_policy.optimizer_plan(kind, {"lr": 0.0, "fused": True})
+    assert fused.action == "adapt" and fused.tensor_lr and fused.settings == {} and not fused.compile_step
+
+
+@pytest.mark.parametrize(
+    "kind, group, kwargs, words",
+    [
+        ("torch.optim.sgd.SGD", {"lr": 0.1}, {}, "not an optimizer known"),
+        ("transformers.optimization.Adafactor", {"lr": None}, {}, "not an optimizer known"),
+        ("my.AdamWSubclass", {"lr": 1e-3}, {}, "not an optimizer known"),
+        (ADAMW, {"lr": 1e-3, "foreach": False}, {}, "foreach=False"),
+        (ADAMW, {"lr": 1e-3, "differentiable": True}, {}, "differentiable"),
+        (ADAMW, {"lr": object()}, {}, "not a Python number"),
+        (ADAMW, {"lr": 1e-3}, {"sharded": True}, "DTensor"),
+        (ADAMW, {"lr": 1e-3, "fused": True}, {"on_device": False}, "not all dense"),
+    ],
+)
+def test_every_other_optimizer_steps_as_made(kind, group, kwargs, words):
+    plan = training_policy.optimizer_plan(kind, group, **kwargs)
+    assert plan.action == "leave" and words in plan.reason and not plan.tensor_lr and not plan.settings
