@@ -64,7 +64,7 @@ def _accelerate_loop(cpu: bool, make_optimizer, steps: int, warmup: int, total: 
 
 def test_accelerate_loop_adamw_with_linear_warmup_from_lr_0_matches_cpu(simulated_tpu):
     """Item 1: `torch.optim.AdamW` + `get_linear_schedule_with_warmup` in a plain Accelerate loop: step 1
-    runs at learning rate 0. Today every parameter is NaN after it (capturable Adam divides by the lr)."""
+    runs at learning rate 0. Before the fix, every parameter was NaN after it (capturable Adam divides by the lr)."""
     run = lambda cpu: _accelerate_loop(cpu, lambda p: torch.optim.AdamW(p, lr=1e-3), steps=4, warmup=2, total=6)  # noqa: E731
     (cpu, _, rates), (tpu, _, _) = both(run)
     assert rates[0] == 0.0
@@ -97,8 +97,8 @@ def test_user_adam_is_exact_at_lr_0_and_at_the_end_of_a_linear_decay(simulated_t
 
 @requires_trainer
 def test_trainer_adamw_torch_with_warmup_steps_matches_cpu(simulated_tpu, tmp_path):
-    """Item 1: `Trainer(optim="adamw_torch", warmup_steps=2)`: the first step runs at lr 0; today the
-    following steps log NaN-filtered losses (0.0) instead of the CPU's."""
+    """Item 1: `Trainer(optim="adamw_torch", warmup_steps=2)`: the first step runs at lr 0; before the fix the
+    following steps logged NaN-filtered losses (0.0) instead of the CPU's."""
 
     def run(cpu: bool):
         trainer = _paths.trainer(
@@ -142,7 +142,7 @@ def test_peft_lora_with_warmup_matches_cpu(simulated_tpu, tmp_path):
 def test_learning_rate_users_read_is_a_float(simulated_tpu, tmp_path, schedule):
     """Item 13: `optimizer.param_groups[0]["lr"]` and the schedule's `get_last_lr()` are what the user's
     code expects: floats. Transformers' own test_reduce_lr_on_plateau logs `get_last_lr()[0]` from a
-    Trainer subclass; today that is a TPU tensor and writing trainer_state.json raises
+    Trainer subclass; before the fix that was a TPU tensor and writing trainer_state.json raised
     `TypeError: Object of type TpuTensor is not JSON serializable`."""
     from transformers import Trainer, TrainerCallback
 
@@ -184,7 +184,7 @@ def test_learning_rate_users_read_is_a_float(simulated_tpu, tmp_path, schedule):
 @pytest.mark.slow
 def test_tpu_checkpoint_resumes_on_a_host_without_a_tpu(simulated_tpu, tmp_path):
     """Item 11: a checkpoint written on the TPU resumes on a CPU-only host (no torch_tpu, no simulator),
-    as a GPU checkpoint does. Today scheduler.pt holds TPU tensors (loaded without map_location) and
+    as a GPU checkpoint does. Before the fix, scheduler.pt held TPU tensors (loaded without map_location) and
     optimizer.pt a tensor lr with capturable=True, which a CPU optimizer refuses."""
     from _subprocess import run_python
 
@@ -220,7 +220,7 @@ def test_tpu_checkpoint_resumes_on_a_host_without_a_tpu(simulated_tpu, tmp_path)
 @pytest.mark.slow
 def test_resuming_a_cpu_checkpoint_keeps_the_optimizer_step_compiled_once(simulated_tpu, tmp_path):
     """Item 11: a checkpoint written on CPU, resumed on the TPU with torch_compile: the optimizer must
-    stay adapted (its compiled step compiles once). Today `load_state_dict` puts back the CPU's float
+    stay adapted (its compiled step compiles once). Before the fix, `load_state_dict` put back the CPU's float
     lr and capturable=False, and the compiled step recompiles at every step of the schedule."""
     data = tiny_lm_dataset(48, min_length=20, max_length=30)  # one sequence bucket (32)
     common = dict(train=data, collator=_lm_collator(), optim="adamw_torch", max_steps=8, save_strategy="steps",

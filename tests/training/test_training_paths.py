@@ -1,5 +1,5 @@
 """Issue 19, items 2-8, 11 (encoder-decoder labels, include_num_input_tokens_seen) and 13 (2-D features):
-what the Trainer's batches look like on TPU next to the paths tests/test_training.py covers.
+what the Trainer's batches look like on TPU next to the paths test_training.py covers.
 
 Each test runs the same script twice: on plain CPU with every patch of the plugin off, and on the
 simulated TPU with the plugin; both must agree. Models are tiny and context-sensitive (attending to a
@@ -30,8 +30,8 @@ def _tag(cpu: bool) -> str:
 
 def test_packed_sequences_do_not_attend_across_each_other(simulated_tpu, tmp_path):
     """Item 2: `DataCollatorWithFlattening` packs a batch into one row with position ids and no mask;
-    Transformers then keeps each sequence to itself. Today the plugin adds an all-ones attention_mask
-    (which turns that detection off) and pads the single row to 4 rows."""
+    Transformers then keeps each sequence to itself. Before the fix, the plugin added an all-ones attention_mask
+    (which turned that detection off) and padded the single row to 4 rows."""
     from transformers import DataCollatorWithFlattening
 
     data = [{"input_ids": ids} for ids in _paths.token_lists(24, 8, 40)]
@@ -51,8 +51,8 @@ def test_packed_sequences_do_not_attend_across_each_other(simulated_tpu, tmp_pat
 
 def test_mlm_on_fixed_blocks_without_a_mask_does_not_attend_to_bucket_padding(simulated_tpu, tmp_path):
     """Item 3: BERT MLM with `default_data_collator` on fixed 100-token blocks (no attention_mask in the
-    batch): the 28 positions the plugin pads to the 128 bucket must be masked. Today the mask it adds
-    covers the 100 real tokens only, and BERT attends to the padding."""
+    batch): the 28 positions the plugin pads to the 128 bucket must be masked. Before the fix, the mask it added
+    covered the 100 real tokens only, and BERT attended to the padding."""
     data = _paths.mlm_blocks(24, 100)
 
     def run(cpu: bool):
@@ -69,7 +69,7 @@ def test_mlm_on_fixed_blocks_without_a_mask_does_not_attend_to_bucket_padding(si
 
 def test_multi_label_classification_labels_are_not_per_token(simulated_tpu, tmp_path):
     """Item 4: `problem_type="multi_label_classification"`: float labels of shape (batch, num_labels).
-    Today they are taken for per-token labels, padded to the sequence bucket, and step 1 crashes."""
+    Before the fix, they were taken for per-token labels, padded to the sequence bucket, and step 1 crashed."""
     from transformers import DataCollatorWithPadding
 
     gen = torch.Generator().manual_seed(0)
@@ -95,7 +95,7 @@ def test_multi_label_classification_labels_are_not_per_token(simulated_tpu, tmp_
 @pytest.mark.slow  # generate() compiles its prefill and decode programs on the simulator (~20 s)
 def test_predict_with_generate_keeps_left_padding(simulated_tpu, tmp_path):
     """Item 5: `Seq2SeqTrainer(predict_with_generate=True)` on a decoder-only model whose tokenizer pads
-    on the left: generation continues each prompt. Today the evaluation batch is padded on the right
+    on the left: generation continues each prompt. Before the fix, the evaluation batch was padded on the right
     to its bucket, so `generate()` continues after padding and every continuation changes."""
     from transformers import DataCollatorWithPadding, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
@@ -122,7 +122,7 @@ def test_predict_with_generate_keeps_left_padding(simulated_tpu, tmp_path):
 
 def test_sequence_classifier_without_pad_token_pools_the_last_real_token(simulated_tpu, tmp_path):
     """Item 6: with no pad token (allowed upstream at batch size 1) the classifier pools the last
-    position. Today the plugin pads the row to its bucket, and the pooled position is padding."""
+    position. Before the fix, the plugin padded the row to its bucket, and the pooled position was padding."""
     data = [{"input_ids": ids, "labels": i % 3} for i, ids in enumerate(_paths.token_lists(8, 8, 40))]
 
     def run(cpu: bool):
@@ -141,7 +141,7 @@ def test_sequence_classifier_without_pad_token_pools_the_last_real_token(simulat
 
 def test_predict_returns_the_shapes_of_a_cpu_run(simulated_tpu, tmp_path):
     """Item 7: `predict()` on a causal LM: (7, 33, 320) as on CPU (batches padded across with -100).
-    Today (7, 48, 320), the extra positions holding logits of padding."""
+    Before the fix: (7, 48, 320), the extra positions holding logits of padding."""
     lengths = [33, 12, 20, 9, 30, 17, 25]
     ids = _paths.token_lists(7, 8, 33, seed=4)
     data = [{"input_ids": (row * 4)[:n]} for row, n in zip(ids, lengths)]
@@ -160,7 +160,7 @@ def test_predict_returns_the_shapes_of_a_cpu_run(simulated_tpu, tmp_path):
 
 
 def test_seq2seq_predict_label_ids_keep_their_length(simulated_tpu, tmp_path):
-    """Item 7: T5 `predict()`: `label_ids` (5, 16) and predictions as on CPU. Today the labels come
+    """Item 7: T5 `predict()`: `label_ids` (5, 16) and predictions as on CPU. Before the fix, the labels came
     back padded to the encoder's bucket, (5, 64)."""
     from transformers import DataCollatorForSeq2Seq
 
@@ -189,7 +189,7 @@ def test_seq2seq_predict_label_ids_keep_their_length(simulated_tpu, tmp_path):
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])
 def test_learned_positions_with_a_maximum_that_is_not_a_bucket(simulated_tpu, tmp_path, kind):
     """Item 8: GPT-2 with `n_positions=200`, BERT with `max_position_embeddings=200`, sequences of up to
-    200 tokens: the bucket above 192 is 256, past the position table. Today: IndexError."""
+    200 tokens: the bucket above 192 is 256, past the position table. Before the fix: IndexError."""
     if kind == "gpt2":
         make = lambda: _paths.causal_lm("gpt2", n_positions=200)  # noqa: E731
         data = [{"input_ids": ids} for ids in _paths.token_lists(16, 150, 200)]
@@ -258,8 +258,8 @@ def test_num_input_tokens_seen_counts_what_the_cpu_counts(simulated_tpu, tmp_pat
 
 def test_a_feature_vector_named_input_ids_is_not_a_sequence(simulated_tpu, tmp_path):
     """Item 13: Transformers' `test_resume_from_interrupted_training`: a plain `nn.Module` whose
-    `input_ids` are float feature vectors (batch, 10) and labels one class per row. Today the vectors
-    are padded to 16 "tokens": `mat1 and mat2 shapes cannot be multiplied (2x16 and 10x2)`."""
+    `input_ids` are float feature vectors (batch, 10) and labels one class per row. Before the fix, the vectors were
+    padded to 16 "tokens": `mat1 and mat2 shapes cannot be multiplied (2x16 and 10x2)`."""
 
     class DummyModel(torch.nn.Module):
         def __init__(self):
