@@ -33,14 +33,15 @@ def _finite(values) -> bool:
 # -- item 1: a schedule that starts at (or decays to) learning rate 0 ------------------------------------
 
 
-def _accelerate_loop(cpu: bool, make_optimizer, steps: int, warmup: int, total: int, seed: int = 0):
+def _accelerate_loop(cpu: bool, make_optimizer, steps: int, warmup: int, total: int, seed: int = 0, compiled: bool = False):
     """A plain Accelerate loop (the one of docs/training.md) on the tiny Llama; per-step losses and
-    the parameters (on the host) before and after every step."""
+    the parameters (on the host) before and after every step. ``compiled``: on the TPU, with
+    Accelerate's ``tpu`` dynamo backend (model and optimizer step compiled)."""
     from accelerate import Accelerator
     from transformers import get_linear_schedule_with_warmup
 
     _training.reset_accelerate()
-    accelerator = Accelerator(cpu=cpu)
+    accelerator = Accelerator(cpu=cpu) if cpu or not compiled else Accelerator(dynamo_backend="tpu")
     model = _paths.causal_lm("llama", seed=seed).train()
     optimizer = make_optimizer(model.parameters())
     schedule = get_linear_schedule_with_warmup(optimizer, warmup, total)
@@ -73,18 +74,23 @@ def test_accelerate_loop_adamw_with_linear_warmup_from_lr_0_matches_cpu(simulate
 
 
 @pytest.mark.parametrize(
-    "make",
+    "make, compiled",
     [
-        pytest.param(lambda p: torch.optim.Adam(p, lr=1e-3), id="Adam"),
-        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, foreach=False), id="AdamW-foreach=False"),
-        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True), id="AdamW-foreach=True"),
+        pytest.param(lambda p: torch.optim.Adam(p, lr=1e-3), False, id="Adam"),
+        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, foreach=False), False, id="AdamW-foreach=False"),
+        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True), False, id="AdamW-foreach=True"),
+        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1, fused=True), False, id="AdamW-fused"),
+        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1), True, id="AdamW-compiled"),
+        pytest.param(lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=False), True, id="AdamW-foreach=False-compiled"),
     ],
 )
-def test_user_adam_is_exact_at_lr_0_and_at_the_end_of_a_linear_decay(simulated_tpu, make):
+def test_user_adam_is_exact_at_lr_0_and_at_the_end_of_a_linear_decay(simulated_tpu, make, compiled):
     """Item 1: a user-made Adam/AdamW. A step at learning rate 0 leaves every parameter exactly as it was
     (CPU does), at the warm-up's first step and once the linear decay has reached 0 (6 steps of a
-    4-step schedule); every other step matches the CPU."""
-    run = lambda cpu: _accelerate_loop(cpu, make, steps=6, warmup=1, total=4)  # noqa: E731
+    4-step schedule); every other step matches the CPU. Also with the step compiled by the ``tpu``
+    dynamo backend (TorchDynamo traces an Adam step as capturable: a single-tensor one must not be
+    compiled)."""
+    run = lambda cpu: _accelerate_loop(cpu, make, steps=6, warmup=1, total=4, compiled=compiled)  # noqa: E731
     (cpu, _, rates), (tpu, snapshots, _) = both(run)
     zero_steps = [i for i, rate in enumerate(rates) if rate == 0.0]
     assert zero_steps == [0, 4, 5], rates
