@@ -26,11 +26,11 @@ logger = logging.getLogger("transformers_tpu_ext")
 _told: set[str] = set()
 
 
-def _tell(message: str) -> None:
+def _tell(message: str, level: int = logging.WARNING) -> None:
     """Say a batch decision once per process (collators are rebuilt with every data loader)."""
     if message not in _told:
         _told.add(message)
-        logger.warning("transformers-tpu-ext: %s", message)
+        logger.log(level, "transformers-tpu-ext: %s", message)
 
 
 class BucketCollator:
@@ -71,7 +71,7 @@ class BucketCollator:
         self.used: set[int] = used if used is not None else set()
         if model is None:
             facts = batch_buckets.ModelFacts()
-            _tell("BucketCollator without model=: padding as for a decoder-only language model")
+            _tell("BucketCollator without model=: padding as for a decoder-only language model", logging.INFO)
         elif isinstance(model, batch_buckets.ModelFacts):
             facts = model
         else:
@@ -89,7 +89,7 @@ class BucketCollator:
     def __repr__(self) -> str:
         return f"BucketCollator({self.collate_fn!r}, batch_size={self.batch_size}, ladder={self.settings.ladder[:8]}...)"
 
-    def _plan(self, batch: Mapping[str, Any], **kwargs: Any) -> batch_buckets.BatchPlan | str:
+    def _plan(self, batch: Mapping[str, Any], batch_size: int | None = None, **kwargs: Any) -> batch_buckets.BatchPlan | str:
         import torch
 
         shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in batch.items()}
@@ -98,7 +98,7 @@ class BucketCollator:
             shapes,
             ladder=self.settings.ladder,
             reuse=self.settings.reuse,
-            batch_size=self.batch_size,
+            batch_size=batch_size or self.batch_size,
             pad_rows=self.pad_rows,
             dtypes=dtypes,
             model=self.model,
@@ -116,11 +116,7 @@ class BucketCollator:
             tensor = values.get(key)
             if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[1] > length:
                 values[key] = tensor[:, :length]
-        batch_size, self.batch_size = self.batch_size, rows or self.batch_size
-        try:
-            plan = self._plan(values, used=self.used, length=length)
-        finally:
-            self.batch_size = batch_size
+        plan = self._plan(values, used=self.used, length=length, batch_size=rows or self.batch_size)
         return None if isinstance(plan, str) else _apply(values, plan, self.pad_token_id, self.model.per_token_labels)
 
     def pad(self, batch: Any) -> Any:
