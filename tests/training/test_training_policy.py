@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from transformers_tpu_ext.training import buckets as batch_buckets, policy as training_policy
-from transformers_tpu_ext.training.buckets import BatchPlan, choose_length, plan_batch, sequence_ladder
+from transformers_tpu_ext.training.buckets import BatchPlan, ModelFacts, SourceFacts, choose_length, plan_batch, sequence_ladder
 
 LADDER = sequence_ladder(2)
 
@@ -45,23 +45,31 @@ def test_lengths_over_an_epoch_are_bounded_by_the_rungs():
 def test_causal_lm_batch_pads_every_per_token_key_to_one_rung():
     shapes = {"input_ids": (4, 70), "attention_mask": (4, 70), "labels": (4, 70)}
     plan = plan_batch(shapes, ladder=LADDER, batch_size=4)
-    assert plan == BatchPlan(rows=4, lengths={"input_ids": 96, "attention_mask": 96, "labels": 96}, sequence=96)
+    assert plan == BatchPlan(rows=4, lengths={"input_ids": 96, "attention_mask": 96, "labels": 96}, sequence=96, sides=((96, 70),))
+    assert plan.buckets == (96,) and not plan.add_mask and plan.pad_token_id is None
 
 
 def test_partial_batch_is_completed_to_the_batch_size():
     shapes = {"input_ids": (3, 20), "labels": (3, 20)}
     assert plan_batch(shapes, ladder=LADDER, batch_size=4).rows == 4
-    # evaluation, float labels, no labels, or a non-tensor value: rows stay as they are
+    # evaluation, no labels, or a non-tensor value: rows stay as they are
     assert plan_batch(shapes, ladder=LADDER, batch_size=4, pad_rows=False).rows == 3
-    assert plan_batch(shapes, ladder=LADDER, batch_size=4, integer_labels=False).rows == 3
     assert plan_batch({"input_ids": (3, 20)}, ladder=LADDER, batch_size=4).rows == 3
     assert plan_batch({**shapes, "ids": None}, ladder=LADDER, batch_size=4).rows == 3
+    # float labels on a per-token model: no value ignores an added row (or the padding): left alone
+    assert isinstance(plan_batch(shapes, ladder=LADDER, batch_size=4, integer_labels=False), str)
+    assert isinstance(plan_batch(shapes, ladder=LADDER, batch_size=4, dtypes={"labels": "float"}), str)
 
 
 def test_sequence_classification_labels_have_no_sequence_axis():
     shapes = {"input_ids": (2, 20), "attention_mask": (2, 20), "labels": (2,)}
-    plan = plan_batch(shapes, ladder=LADDER, batch_size=4)
+    classifier = ModelFacts(causal=False, per_token_labels=False)
+    plan = plan_batch(shapes, ladder=LADDER, batch_size=4, model=classifier)
     assert plan.lengths == {"input_ids": 32, "attention_mask": 32} and plan.rows == 4
+    # regression (float labels): no value to ignore an added row with
+    assert plan_batch(shapes, ladder=LADDER, batch_size=4, model=classifier, dtypes={"labels": "float"}).rows == 2
+    # 1-D labels on a model whose loss is per token: not what its loss expects, left alone
+    assert "per-example labels" in plan_batch(shapes, ladder=LADDER, batch_size=4)
 
 
 def test_unknown_tensor_on_the_sequence_axis_leaves_the_batch_alone():
@@ -72,6 +80,109 @@ def test_unknown_tensor_on_the_sequence_axis_leaves_the_batch_alone():
 
 def test_batch_without_per_token_tensors_is_left_alone():
     assert isinstance(plan_batch({"pixel_values": (4, 3, 8, 8)}, ladder=LADDER), str)
+
+
+# -- the batch predicate, rule by rule (docs/training.md's table is rendered from the same function) --
+
+
+def _plan(shapes, model=ModelFacts(), source=SourceFacts(), **kwargs):
+    return plan_batch(shapes, ladder=LADDER, batch_size=4, model=model, source=source, **kwargs)
+
+
+LM = {"input_ids": (4, 20), "attention_mask": (4, 20), "labels": (4, 20)}
+
+
+@pytest.mark.parametrize(
+    "model, source, dtypes, words",
+    [
+        (ModelFacts(known=False), SourceFacts(), {}, "not a Transformers model"),
+        (ModelFacts(), SourceFacts(), {"input_ids": "float"}, "not integer token ids"),
+        (ModelFacts(), SourceFacts(custom_loss=True), {}, "loss of your own"),
+        (ModelFacts(), SourceFacts(training=False, cuts_outputs=True, generates=True), {}, "generate()"),
+        (ModelFacts(), SourceFacts(training=False), {}, "prediction_step of your own"),
+        (ModelFacts(), SourceFacts(training=False, cuts_outputs=True, returns_inputs=True), {}, "include_for_metrics"),
+        (ModelFacts(extra_outputs=True), SourceFacts(training=False, cuts_outputs=True), {}, "hidden states"),
+    ],
+)
+def test_what_is_not_known_is_left_alone(model, source, dtypes, words):
+    reason = _plan(LM, model, source, dtypes=dtypes)
+    assert isinstance(reason, str) and words in reason, reason
+
+
+def test_multi_label_float_labels_are_per_example():
+    shapes = {"input_ids": (4, 20), "attention_mask": (4, 20), "labels": (4, 3)}
+    classifier = ModelFacts(causal=False, per_token_labels=False)
+    plan = _plan(shapes, classifier, dtypes={"labels": "float"})
+    assert plan.lengths == {"input_ids": 32, "attention_mask": 32} and plan.rows == 4
+    partial = {k: (3, *shape[1:]) for k, shape in shapes.items()}
+    assert _plan(partial, classifier, dtypes={"labels": "float"}).rows == 3  # BCE has no ignored value
+
+
+def test_a_last_token_classifier_pads_with_the_configs_pad_token_or_not_at_all():
+    shapes = {"input_ids": (1, 20), "labels": (1,)}
+    with_pad = ModelFacts(per_token_labels=False, pools_last_token=True, pad_token_id=7)
+    assert _plan(shapes, with_pad).pad_token_id == 7
+    assert "pad_token_id" in _plan(shapes, ModelFacts(per_token_labels=False, pools_last_token=True))
+
+
+def test_packed_sequences_get_position_ids_no_mask_and_no_rows():
+    packed = {"input_ids": (1, 150), "labels": (1, 150), "position_ids": (1, 150)}
+    plan = _plan(packed, source=SourceFacts(packed=True))
+    assert plan.lengths == {"input_ids": 192, "labels": 192, "position_ids": 192} and plan.rows == 1 and not plan.add_mask
+    # detected from position ids without a mask too; other keys (seq_idx, flash-attention lengths) are unknown
+    assert _plan(packed).rows == 1
+    assert "seq_idx" in _plan({**packed, "seq_idx": (1, 150)}, source=SourceFacts(packed=True))
+    assert "cu_seq_lens_q" in _plan({**packed, "cu_seq_lens_q": (5,)}, source=SourceFacts(packed=True))
+    assert "not causal" in _plan(packed, ModelFacts(causal=False), SourceFacts(packed=True))
+
+
+def test_a_mask_is_added_where_padding_would_be_seen():
+    blocks = {"input_ids": (4, 100), "labels": (4, 100)}
+    bert = ModelFacts(causal=False)
+    plan = _plan(blocks, bert)
+    assert plan.add_mask and plan.lengths["attention_mask"] == plan.lengths["input_ids"] == 128
+    assert not _plan(blocks).add_mask  # causal: nothing sees the padding
+    assert _plan(blocks, ModelFacts(aux_loss=True)).add_mask  # a load-balancing loss counts unmasked tokens
+    assert "takes no attention_mask" in _plan(blocks, ModelFacts(causal=False, accepts_attention_mask=False))
+
+
+def test_padding_never_creates_a_position_past_the_table():
+    gpt2 = ModelFacts(max_positions=200)
+    assert _plan({"input_ids": (4, 195), "labels": (4, 195)}, gpt2).lengths["input_ids"] == 200
+    assert _plan({"input_ids": (4, 150), "labels": (4, 150)}, gpt2).lengths["input_ids"] == 192
+    assert "longer than the model's 200 positions" in _plan({"input_ids": (4, 230), "labels": (4, 230)}, gpt2)
+
+
+def test_encoder_decoder_sides_each_take_their_own_bucket():
+    t5 = ModelFacts(causal=False, encoder_decoder=True, max_decoder_positions=12)
+    shapes = {"input_ids": (4, 100), "attention_mask": (4, 100), "labels": (4, 12), "decoder_input_ids": (4, 12)}
+    plan = _plan(shapes, t5)
+    assert plan.lengths == {"input_ids": 128, "attention_mask": 128, "labels": 12, "decoder_input_ids": 12}
+    assert plan.sides == ((128, 100), (12, 12)) and plan.buckets == (128, 12)
+    # evaluation: sides padded to one length could not be told apart in the outputs
+    same = {"input_ids": (4, 40), "attention_mask": (4, 40), "labels": (4, 35)}
+    evaluation = SourceFacts(training=False, cuts_outputs=True)
+    assert "could not be told apart" in _plan(same, ModelFacts(causal=False, encoder_decoder=True), evaluation)
+    assert "not an encoder-decoder" in _plan({**LM, "decoder_input_ids": (4, 20)})
+
+
+def test_evaluation_pads_lengths_never_rows():
+    plan = _plan({k: (3, 33) for k in LM}, source=SourceFacts(training=False, cuts_outputs=True))
+    assert plan.rows == 3 and plan.sides == ((48, 33),)
+
+
+def test_warmup_pads_the_encoder_side_to_the_length_asked():
+    plan = _plan(LM, length=64)
+    assert plan.lengths["input_ids"] == 64 and plan.sequence == 64
+
+
+def test_evaluation_outputs_are_cut_on_the_axis_of_their_side():
+    sides = ((64, 50), (16, 9))
+    assert batch_buckets.cut_length((4, 64, 320), sides) == 50
+    assert batch_buckets.cut_length((4, 16, 320), sides) == 9
+    assert batch_buckets.cut_length((4, 320), sides) is None
+    assert batch_buckets.cut_length((4,), sides) is None
+    assert batch_buckets.cut_length((4, 64), ((64, 64),)) is None  # not padded
 
 
 # -- settings ------------------------------------------------------------------------------------
@@ -136,12 +247,31 @@ def test_compile_settings_for_tpu():
     assert (backend, mode) == ("tpu", None) and len(notes) == 2 and "inductor" in notes[0]
 
 
-def test_optimizer_overrides():
-    adam = {"lr": 1e-3, "capturable": False, "fused": None}
-    assert training_policy.optimizer_overrides(adam, lr_is_tensor=False) == {"capturable": True, "lr": "tensor"}
-    assert training_policy.optimizer_overrides({**adam, "capturable": True}, lr_is_tensor=True) == {}
-    assert training_policy.optimizer_overrides({"lr": 0.1, "momentum": 0.9}, lr_is_tensor=False) == {}  # SGD
-    assert training_policy.optimizer_overrides(adam, lr_is_tensor=False, sharded=True) == {}
-    assert training_policy.compiles_optimizer_step({"capturable": True, "fused": None})
-    assert not training_policy.compiles_optimizer_step({"capturable": True, "fused": True})
-    assert not training_policy.compiles_optimizer_step({"momentum": 0.9})
+ADAMW = "torch.optim.adamw.AdamW"
+
+
+@pytest.mark.parametrize("kind", ["torch.optim.adam.Adam", ADAMW])
+def test_adam_and_adamw_are_adapted_during_the_step(kind):
+    default = training_policy.optimizer_plan(kind, {"lr": 1e-3, "foreach": None, "fused": None})
+    assert default.action == "adapt" and default.tensor_lr and default.compile_step
+    assert default.settings == {"foreach": True, "capturable": True}
+    fused = training_policy.optimizer_plan(kind, {"lr": 0.0, "fused": True})
+    assert fused.action == "adapt" and fused.tensor_lr and fused.settings == {} and not fused.compile_step
+
+
+@pytest.mark.parametrize(
+    "kind, group, kwargs, words",
+    [
+        ("torch.optim.sgd.SGD", {"lr": 0.1}, {}, "not an optimizer known"),
+        ("transformers.optimization.Adafactor", {"lr": None}, {}, "not an optimizer known"),
+        ("my.AdamWSubclass", {"lr": 1e-3}, {}, "not an optimizer known"),
+        (ADAMW, {"lr": 1e-3, "foreach": False}, {}, "foreach=False"),
+        (ADAMW, {"lr": 1e-3, "differentiable": True}, {}, "differentiable"),
+        (ADAMW, {"lr": object()}, {}, "not a Python number"),
+        (ADAMW, {"lr": 1e-3}, {"sharded": True}, "DTensor"),
+        (ADAMW, {"lr": 1e-3, "fused": True}, {"on_device": False}, "not all dense"),
+    ],
+)
+def test_every_other_optimizer_steps_as_made(kind, group, kwargs, words):
+    plan = training_policy.optimizer_plan(kind, group, **kwargs)
+    assert plan.action == "leave" and words in plan.reason and not plan.tensor_lr and not plan.settings

@@ -3,22 +3,25 @@
 The decisions (pure modules, no torch, no Transformers):
 
 - :mod:`.policy`: the device and the distributed set-up (process group, replica checks, DDP/FSDP),
-  the compile backend, the optimizer adaptation;
+  the compile backend, which optimizer steps are adapted (``optimizer_plan``);
 - :mod:`.buckets`: the static shapes of training batches (sequence ladder, padded rows, what is padded
-  with what).
+  with what, and which batches are left alone: ``plan_batch``);
+- :mod:`.paths`: the tables of docs/training.md, rendered from those two predicates.
 
-The public helpers (:mod:`.collator`): :class:`BucketCollator` (batches of static shapes) and
-:func:`warmup` (compile every bucket before training).
+The runtime: :mod:`.facts` reads the predicates' plain facts off models, collators and Trainers;
+:mod:`.optimizer` runs an optimizer's step as its plan says. The public helpers (:mod:`.collator`):
+:class:`BucketCollator` (batches of static shapes, :class:`PaddedBatch` and :func:`original_of`: what a
+padded batch was) and :func:`warmup` (compile every bucket before training).
 
 The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` finds the TPU),
 ``patch_accelerate_dataclasses`` (``TorchDynamoPlugin(backend="tpu")``), ``patch_accelerate_prepare``
-(no unsynchronised replicas; the optimizer adapted), ``patch_torch_ddp`` (DDP of a TPU module),
+(no unsynchronised replicas; the optimizer step adapted), ``patch_torch_ddp`` (DDP of a TPU module),
 ``patch_transformers_training_args`` (``torch_compile=True``) and ``patch_transformers_trainer``
-(bucketed data loaders, complete checkpoints). See ``docs/training.md``.
+(bucketed data loaders, evaluation outputs cut back, complete checkpoints). See ``docs/training.md``.
 """
 
 from __future__ import annotations
 
-from .collator import BucketCollator, warmup
+from .collator import BucketCollator, PaddedBatch, original_of, warmup
 
-__all__ = ["BucketCollator", "warmup"]
+__all__ = ["BucketCollator", "PaddedBatch", "original_of", "warmup"]

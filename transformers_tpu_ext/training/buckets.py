@@ -16,10 +16,15 @@ on TPU.
 - **Rows** (training only): a partial batch is completed to the batch size with copies of its
   first row whose labels are all ignored (``-100``), so the loss and the gradients are those of the
   real rows. Evaluation keeps its real rows (metrics and the per-batch loss weighting see them).
-- **Which tensors**: the per-token keys Transformers' collators produce, each with its padding
-  value (:data:`SEQUENCE_PADDING`); padding goes on the right, after every real token, so causal
-  models see the same prefix and masked models mask it. A batch with another tensor along the
-  same sequence axis is left as it is (its padding value is unknown).
+- **Which batches** (:func:`plan_batch`, the predicate): only where padding provably leaves the
+  result unchanged, from plain facts of the model (:class:`ModelFacts`: a known task, causal or not,
+  per-token labels, position tables) and of the loop (:class:`SourceFacts`: training or evaluation,
+  packed sequences, ``generate()`` prompts, a loss of the user's). The per-token keys Transformers'
+  collators produce each have their padding value (:data:`SEQUENCE_PADDING`); padding goes on the
+  right, after every real token, so causal models see the same prefix and a mask (added where a
+  model that is not causal has none) hides it from the others. Anything else is left as the
+  collator made it, with the reason; docs/training.md's table is rendered from this function
+  (:mod:`.paths`).
 """
 
 from __future__ import annotations
@@ -36,8 +41,14 @@ __all__ = [
     "SEQUENCE_PADDING",
     "ENV",
     "BatchPlan",
+    "DECODER_KEYS",
+    "ENCODER_KEYS",
+    "ModelFacts",
+    "PACKED_KEYS",
     "Settings",
+    "SourceFacts",
     "choose_length",
+    "cut_length",
     "plan_batch",
     "sequence_ladder",
     "settings",
@@ -84,13 +95,102 @@ def choose_length(length: int, ladder: Sequence[int], used: Collection[int], reu
     return min(larger) if larger else own
 
 
+#: Keys of the encoder side of an encoder-decoder model (and of the only side of any other).
+ENCODER_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "special_tokens_mask")
+#: Keys of the decoder side of an encoder-decoder model (``labels`` belong to it there).
+DECODER_KEYS: tuple[str, ...] = ("decoder_input_ids", "decoder_attention_mask")
+#: Keys a packed batch (``DataCollatorWithFlattening``) may hold for it to be padded.
+PACKED_KEYS: tuple[str, ...] = ("input_ids", "labels", "position_ids")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the padding of a batch must know about the model it feeds (plain data, read off the model
+    by the glue: :func:`transformers_tpu_ext.training.facts.model_facts`).
+
+    - ``known``: a Transformers model of a task whose inputs and labels have known semantics (causal
+      LM, masked LM, sequence-to-sequence LM, token or sequence classification);
+    - ``causal``: every attention layer is causal (a decoder-only model): a position never sees a
+      later one, so padding on the right is invisible to the real tokens without a mask;
+    - ``encoder_decoder``: two sides (``input_ids`` / ``labels`` and ``decoder_*``), each with its length;
+    - ``per_token_labels``: its loss takes one label per position (LM, MLM, token classification,
+      seq2seq) and ignores -100;
+    - ``pools_last_token``: a sequence classifier that pools the last token that is not ``pad_token_id``;
+    - ``pad_token_id``: the config's; ``max_positions`` / ``max_decoder_positions``: the size of a
+      position table no padding may exceed (``None``: no limit known);
+    - ``accepts_attention_mask``: its forward takes ``attention_mask``;
+    - ``extra_outputs``: it returns more than logits per position (hidden states, attentions,
+      router logits), whose axes evaluation could not cut back;
+    - ``aux_loss``: a loss term over every token the mask lets through (MoE load balancing): no rows added.
+
+    The defaults describe a decoder-only language model (what :class:`BucketCollator` assumes
+    without a model).
+    """
+
+    known: bool = True
+    causal: bool = True
+    encoder_decoder: bool = False
+    per_token_labels: bool = True
+    pools_last_token: bool = False
+    pad_token_id: int | None = None
+    max_positions: int | None = None
+    max_decoder_positions: int | None = None
+    accepts_attention_mask: bool = True
+    extra_outputs: bool = False
+    aux_loss: bool = False
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What the padding of a batch must know about where it comes from and where it goes.
+
+    - ``training``: a training batch (rows may be added); otherwise evaluation or prediction;
+    - ``packed``: the collator packs sequences into one row told apart by ``position_ids``
+      (``DataCollatorWithFlattening``);
+    - ``generates``: the batch holds prompts for ``generate()`` (``predict_with_generate``);
+    - ``custom_loss``: a loss of the user's (a ``compute_loss`` override, ``compute_loss_func``):
+      whether it ignores padding is unknown;
+    - ``cuts_outputs``: evaluation outputs are cut back to the collator's lengths (the Trainer's own
+      ``prediction_step``);
+    - ``returns_inputs``: the inputs themselves go to the metrics (``include_for_metrics=["inputs"]``).
+
+    The defaults describe a user's own training loop.
+    """
+
+    training: bool = True
+    packed: bool = False
+    generates: bool = False
+    custom_loss: bool = False
+    cuts_outputs: bool = False
+    returns_inputs: bool = False
+
+
 @dataclass(frozen=True)
 class BatchPlan:
-    """How to pad one batch: rows to ``rows``, and each key in ``lengths`` to its length."""
+    """How to pad one batch: rows to ``rows``, and each key in ``lengths`` (on the right) to its length.
+
+    ``add_mask``: add an ``attention_mask`` to the plan (ones on the real tokens, zeros on the
+    padding). ``pad_token_id``: the id ``input_ids`` are padded with when it must be the model's
+    (``None``: the collator's). ``sides``: ``(padded, original)`` length of each side that is padded
+    (the encoder or only side first), what evaluation outputs are cut back with. ``sequence`` is the
+    longest padded length (the buckets used are the first items of ``sides``).
+    """
 
     rows: int
     lengths: Mapping[str, int]
     sequence: int
+    add_mask: bool = False
+    pad_token_id: int | None = None
+    sides: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The padded length of each side (what :func:`choose_length` reuses)."""
+        return tuple(padded for padded, _ in self.sides) or (self.sequence,)
+
+
+def _integer(dtype: str | None) -> bool:
+    return dtype in (None, "int", "bool")
 
 
 def plan_batch(
@@ -102,43 +202,145 @@ def plan_batch(
     batch_size: int | None = None,
     pad_rows: bool = True,
     integer_labels: bool = True,
+    dtypes: Mapping[str, str] | None = None,
+    model: ModelFacts | None = None,
+    source: SourceFacts | None = None,
+    length: int | None = None,
 ) -> BatchPlan | str:
-    """The :class:`BatchPlan` of a batch, or the reason it cannot be bucketed.
+    """The :class:`BatchPlan` of a batch, or why it is left as the collator made it.
 
-    ``shapes`` maps each key of the batch to its tensor's shape (``None`` for anything that is not
-    a tensor). Rows are added only with ``pad_rows``, a ``batch_size`` larger than the batch, integer
-    ``labels`` (so the added rows can be ignored) and every value a tensor with the batch's rows.
+    ``shapes`` maps each key of the batch to its tensor's shape (``None`` for anything that is not a
+    tensor), ``dtypes`` each tensor key to ``"int"``, ``"float"`` or ``"bool"``. A batch is padded
+    only where the result is provably the one of the unpadded batch (docs/training.md shows the
+    table): a known model kind, token ids, labels every loss of that kind ignores the padding of, a
+    mask that covers the padding (or a causal model that cannot see it), no position past the
+    model's table, and in evaluation outputs that are cut back. ``length`` pads the encoder (or
+    only) side to exactly that length (``warmup()``). Rows are added only in training
+    (``pad_rows``), up to ``batch_size``, when every added row's labels can be ignored.
     """
-    sequence_keys = [k for k in SEQUENCE_PADDING if shapes.get(k) is not None and len(shapes[k]) >= 2]
-    if not sequence_keys:
+    model = model or ModelFacts()
+    source = source or SourceFacts(training=pad_rows, cuts_outputs=True)
+    dtypes = dtypes or {}
+    present = {k for k, shape in shapes.items() if shape is not None}
+    if source.custom_loss:
+        return "a loss of your own (compute_loss or compute_loss_func): whether it ignores padding is unknown"
+    if not model.known:
+        return "not a Transformers model of a known task: what its inputs and labels mean is unknown"
+    if "input_ids" in present and not _integer(dtypes.get("input_ids")):
+        return "input_ids that are not integer token ids"
+    if source.generates:
+        return "prompts for generate() (predict_with_generate): generate() pads them to its own buckets"
+    if not source.training:
+        if not source.cuts_outputs:
+            return "evaluation with a prediction_step of your own: its outputs could not be cut back"
+        if source.returns_inputs:
+            return "evaluation with include_for_metrics=['inputs']: the metrics read the inputs themselves"
+        if model.extra_outputs:
+            return "evaluation of a model returning hidden states, attentions or router logits"
+
+    labels = shapes.get("labels")
+    label_int = _integer(dtypes.get("labels")) and integer_labels
+    per_token = labels is not None and len(labels) >= 2 and model.per_token_labels
+    if per_token and not label_int:
+        return "labels with a second axis that are not integer per-token labels"
+    if labels is not None and model.per_token_labels and not per_token:
+        return "per-example labels on a model whose loss is per token"
+
+    decoder = set(DECODER_KEYS) | ({"labels"} if model.encoder_decoder else set())
+    if not model.encoder_decoder and present & set(DECODER_KEYS):
+        return "decoder_* tensors for a model that is not an encoder-decoder"
+    keys = [k for k in SEQUENCE_PADDING if k in present and len(shapes[k]) >= 2 and (k != "labels" or per_token)]
+    if "input_ids" in present and len(shapes["input_ids"]) != 2:
+        return "input_ids that are not (batch, sequence)"
+    if not keys:
         return "no per-token tensor (input_ids, attention_mask, labels, ...) in the batch"
-    first = shapes[sequence_keys[0]]
-    rows = first[0]
-    if any(shapes[k][0] != rows for k in sequence_keys):
+    rows = shapes[keys[0]][0]
+    if any(shapes[k][0] != rows for k in keys):
         return "per-token tensors with different numbers of rows"
-    # Keys padded to one length share a padded length (input_ids and labels of a causal LM).
-    longest = max(shapes[k][1] for k in sequence_keys)
-    lengths_seen = {shapes[k][1] for k in sequence_keys}
-    for key, shape in shapes.items():
-        if key in SEQUENCE_PADDING or shape is None or len(shape) < 2:
+    if model.pools_last_token and model.pad_token_id is None:
+        return "a sequence classifier without a pad token pools the last position: set model.config.pad_token_id"
+
+    packed = source.packed or ("position_ids" in present and "attention_mask" not in present)
+    if packed:
+        if not model.causal:
+            return "packed sequences (position_ids, no attention_mask) on a model that is not causal"
+        if not present <= set(PACKED_KEYS):
+            unknown = sorted(present - set(PACKED_KEYS))
+            return f"packed sequences with {', '.join(unknown)}: their padding is unknown"
+    add_mask = False
+    if "attention_mask" not in present and not packed and "input_ids" in keys and (not model.causal or model.aux_loss):
+        if not model.accepts_attention_mask:
+            return "a model that is not causal and takes no attention_mask would see the padding"
+        add_mask = True
+
+    sides = [[k for k in keys if k not in decoder], [k for k in keys if k in decoder]]
+    caps = (model.max_positions, model.max_decoder_positions if model.encoder_decoder else None)
+    lengths: dict[str, int] = {}
+    padded_sides: list[tuple[int, int]] = []
+    for index, (side, cap) in enumerate(zip(sides, caps)):
+        if not side:
             continue
-        if shape[0] == rows and shape[1] in lengths_seen:
-            return f"{key!r} has a sequence axis and no known padding value"
-    target = choose_length(longest, ladder, used, reuse)
-    lengths = {k: target for k in sequence_keys}
+        longest = max(shapes[k][1] for k in side)
+        seen = {shapes[k][1] for k in side}
+        for key in present - set(SEQUENCE_PADDING) - {"labels"}:
+            shape = shapes[key]
+            if len(shape) >= 2 and shape[0] == rows and shape[1] in seen:
+                return f"{key!r} has a sequence axis and no known padding value"
+        if cap is not None and longest > cap:
+            return f"sequences of {longest} tokens are longer than the model's {cap} positions"
+        if index == 0 and length is not None:
+            target = max(length, longest)
+        else:
+            target = choose_length(longest, ladder, used, reuse)
+        if cap is not None:
+            target = min(target, cap)
+        lengths.update({k: target for k in side})
+        padded_sides.append((target, longest))
+    if add_mask:
+        lengths["attention_mask"] = lengths["input_ids"]
+    if not source.training and len(padded_sides) == 2:
+        (encoder, encoder_len), (decoder_pad, decoder_len) = padded_sides
+        if encoder == decoder_pad and encoder_len != decoder_len:
+            return "evaluation: encoder and decoder padded to one length, their outputs could not be told apart"
 
     padded_rows = rows
+    ignorable = per_token or (labels is not None and len(labels) == 1 and label_int)
     can_pad_rows = (
-        pad_rows
+        source.training
+        and pad_rows
+        and not packed
+        and not model.aux_loss
         and batch_size is not None
         and batch_size > rows
-        and integer_labels
-        and shapes.get("labels") is not None
+        and ignorable
         and all(shape is not None and len(shape) >= 1 and shape[0] == rows for shape in shapes.values())
     )
     if can_pad_rows:
         padded_rows = round_up(rows, [batch_size])
-    return BatchPlan(rows=padded_rows, lengths=lengths, sequence=target)
+    return BatchPlan(
+        rows=padded_rows,
+        lengths=lengths,
+        sequence=max(padded for padded, _ in padded_sides),
+        add_mask=add_mask,
+        pad_token_id=model.pad_token_id if model.pools_last_token else None,
+        sides=tuple(padded_sides),
+    )
+
+
+def cut_length(shape: Sequence[int], sides: Sequence[tuple[int, int]]) -> int | None:
+    """The length an evaluation output of ``shape`` is cut back to, or ``None`` (left as it is).
+
+    ``sides`` holds the ``(padded, original)`` length of each padded side of the batch. An output's
+    axis 1 is a position axis of the side whose padded length it has (logits, per-token labels,
+    an encoder's last hidden state); :func:`plan_batch` pads an evaluation batch only when the
+    sides cannot be confused and the model returns nothing else with a second axis.
+    """
+    if len(shape) < 2:
+        return None
+    for padded, original in sides:
+        if shape[1] == padded and original < padded:
+            return original
+    return None
 
 
 #: The environment variables of :func:`settings`.

@@ -11,25 +11,40 @@ Importing this module imports nothing heavy; torch is imported when a batch is p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import buckets as batch_buckets
 
-__all__ = ["BucketCollator", "warmup"]
+__all__ = ["BucketCollator", "PaddedBatch", "crop", "original_of", "warmup"]
 
 logger = logging.getLogger("transformers_tpu_ext")
+
+
+_told: set[str] = set()
+
+
+def _tell(message: str, level: int = logging.WARNING) -> None:
+    """Say a batch decision once per process (collators are rebuilt with every data loader)."""
+    if message not in _told:
+        _told.add(message)
+        logger.log(level, "transformers-tpu-ext: %s", message)
 
 
 class BucketCollator:
     """A collate function whose batches are padded to a few static shapes.
 
     ``collate_fn(features)`` makes the batch (a mapping of tensors, e.g. what
-    ``DataCollatorForLanguageModeling`` returns); the per-token tensors are then padded on the right
+    ``DataCollatorForLanguageModeling`` returns); its per-token tensors are then padded on the right
     to a rung of the sequence ladder, and (``pad_rows=True``, training) a partial batch is completed
-    to ``batch_size`` rows whose labels are ignored. Batches it cannot pad safely (see
-    :func:`batch_buckets.plan_batch`) pass unchanged, with one log line saying why.
+    to ``batch_size`` rows whose labels are ignored, where :func:`batch_buckets.plan_batch` proves
+    the result unchanged for ``model`` (a Transformers model, or its
+    :class:`~transformers_tpu_ext.training.buckets.ModelFacts`). Without ``model``, a decoder-only
+    language model is assumed (said once in the log). Other batches pass unchanged, with one log
+    line saying why. A padded batch is a :class:`PaddedBatch`, which knows what it was
+    (:func:`original_of`).
 
     ``settings`` defaults to the environment (:func:`batch_buckets.settings`); ``used`` is the set of
     padded lengths already produced (shared between collators that feed one model).
@@ -45,15 +60,28 @@ class BucketCollator:
         add_attention_mask: bool = True,
         settings: batch_buckets.Settings | None = None,
         used: set[int] | None = None,
+        model: Any = None,
+        source: batch_buckets.SourceFacts | None = None,
     ) -> None:
         self.collate_fn = collate_fn
         self.batch_size = batch_size
         self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
         self.pad_rows = pad_rows
-        self.add_attention_mask = add_attention_mask
         self.settings = settings if settings is not None else batch_buckets.settings()
         self.used: set[int] = used if used is not None else set()
-        self._told: set[str] = set()
+        if model is None:
+            facts = batch_buckets.ModelFacts()
+            _tell("BucketCollator without model=: padding as for a decoder-only language model", logging.INFO)
+        elif isinstance(model, batch_buckets.ModelFacts):
+            facts = model
+        else:
+            from .facts import model_facts
+
+            facts = model_facts(model)
+        if not add_attention_mask:
+            facts = dataclasses.replace(facts, accepts_attention_mask=False)
+        self.model = facts
+        self.source = source if source is not None else batch_buckets.SourceFacts(training=pad_rows, cuts_outputs=True)
 
     def __call__(self, features: Any) -> Any:
         return self.pad(self.collate_fn(features))
@@ -61,67 +89,136 @@ class BucketCollator:
     def __repr__(self) -> str:
         return f"BucketCollator({self.collate_fn!r}, batch_size={self.batch_size}, ladder={self.settings.ladder[:8]}...)"
 
-    def pad_to(self, batch: Mapping[str, Any], length: int, rows: int | None = None) -> Any:
-        """``batch`` with its per-token tensors cut or padded to exactly ``length`` (and ``rows`` rows)."""
-        import torch
-
-        values = dict(batch)
-        for key in batch_buckets.SEQUENCE_PADDING:
-            tensor = values.get(key)
-            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[1] > length:
-                values[key] = tensor[:, :length]
-        keys = [k for k in batch_buckets.SEQUENCE_PADDING if isinstance(values.get(k), torch.Tensor) and values[k].dim() >= 2]
-        plan = batch_buckets.BatchPlan(
-            rows=rows or values[keys[0]].shape[0], lengths={k: length for k in keys}, sequence=length
-        )
-        return _apply(values, plan, self.pad_token_id, self.add_attention_mask)
-
-    def pad(self, batch: Any) -> Any:
-        """``batch`` padded to its bucket (a new mapping of the same type), or ``batch`` itself."""
-        if not self.settings.enabled or not isinstance(batch, Mapping):
-            return batch
+    def _plan(self, batch: Mapping[str, Any], batch_size: int | None = None, **kwargs: Any) -> batch_buckets.BatchPlan | str:
         import torch
 
         shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in batch.items()}
-        labels = batch.get("labels")
-        plan = batch_buckets.plan_batch(
+        dtypes = {k: _dtype(v) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        return batch_buckets.plan_batch(
             shapes,
             ladder=self.settings.ladder,
-            used=self.used,
             reuse=self.settings.reuse,
-            batch_size=self.batch_size,
+            batch_size=batch_size or self.batch_size,
             pad_rows=self.pad_rows,
-            integer_labels=isinstance(labels, torch.Tensor) and not labels.is_floating_point(),
+            dtypes=dtypes,
+            model=self.model,
+            source=self.source,
+            **kwargs,
         )
-        if isinstance(plan, str):
-            if plan not in self._told:
-                self._told.add(plan)
-                logger.info("transformers-tpu-ext: batch left unbucketed: %s", plan)
+
+    def pad_to(self, batch: Mapping[str, Any], length: int, rows: int | None = None) -> Any:
+        """``batch`` padded as training pads it, with its encoder (or only) side cut or padded to exactly
+        ``length`` and ``rows`` rows (what :func:`warmup` runs); ``None`` if such batches are left alone."""
+        import torch
+
+        values = dict(batch)
+        for key in batch_buckets.ENCODER_KEYS + (() if self.model.encoder_decoder else ("labels",)):
+            tensor = values.get(key)
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[1] > length:
+                values[key] = tensor[:, :length]
+        plan = self._plan(values, used=self.used, length=length, batch_size=rows or self.batch_size)
+        return None if isinstance(plan, str) else _apply(values, plan, self.pad_token_id, self.model.per_token_labels)
+
+    def pad(self, batch: Any) -> Any:
+        """``batch`` padded to its bucket (a :class:`PaddedBatch`), or ``batch`` itself."""
+        if not self.settings.enabled or not isinstance(batch, Mapping):
             return batch
-        self.used.add(plan.sequence)
-        return _apply(batch, plan, self.pad_token_id, self.add_attention_mask)
+        plan = self._plan(batch, used=self.used)
+        if isinstance(plan, str):
+            _tell(f"batches left as the collator made them: {plan}")
+            return batch
+        self.used.update(plan.buckets)
+        return _apply(batch, plan, self.pad_token_id, self.model.per_token_labels)
 
 
-def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id: int, add_mask: bool) -> Any:
+def _dtype(tensor: Any) -> str:
+    import torch
+
+    if tensor.dtype == torch.bool:
+        return "bool"
+    return "float" if tensor.is_floating_point() or tensor.is_complex() else "int"
+
+
+class PaddedBatch(dict):
+    """A batch :class:`BucketCollator` padded, which knows what it was (:attr:`original`):
+
+    ``rows`` and ``lengths`` (per padded key) before padding, ``added_mask`` (the attention mask is
+    the plugin's), and ``cut``: the ``(padded, original)`` length of each side whose per-position
+    outputs evaluation cuts back. It keeps that through ``.to()`` (Accelerate's ``send_to_device``),
+    copies and pickling (data-loader workers, pinned memory); a batch rebuilt as a plain mapping
+    (``type(batch)({...})``) has ``original = None``. Keys read as attributes too, as on a
+    ``BatchEncoding``.
+    """
+
+    def __init__(self, values: Any = (), original: Mapping[str, Any] | None = None) -> None:
+        super().__init__(values)
+        self.original = dict(original) if original is not None else None
+
+    def to(self, *args: Any, **kwargs: Any) -> PaddedBatch:
+        moved = {k: (v.to(*args, **kwargs) if hasattr(v, "to") and not isinstance(v, type) else v) for k, v in self.items()}
+        return PaddedBatch(moved, self.original)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name not in self:
+            raise AttributeError(name)
+        return self[name]
+
+    def __reduce__(self) -> Any:
+        return (PaddedBatch, (dict(self), self.original))
+
+    def __copy__(self) -> PaddedBatch:
+        return PaddedBatch(self, self.original)
+
+
+def original_of(batch: Any) -> dict[str, Any] | None:
+    """What a batch :class:`BucketCollator` padded was before (see :class:`PaddedBatch`), or ``None``."""
+    return batch.original if isinstance(batch, PaddedBatch) else None
+
+
+def crop(batch: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+    """``batch`` cut back to what the collator made: its rows, each key's length, no mask of ours."""
+    rows, lengths = original["rows"], original["lengths"]
+    values: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key == "attention_mask" and original["added_mask"]:
+            continue
+        if key in lengths:
+            value = value[:rows, : lengths[key]]
+        elif getattr(value, "dim", None) is not None and value.dim() >= 1 and value.shape[0] > rows:
+            value = value[:rows]
+        values[key] = value
+    return values
+
+
+def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id: int, cut_outputs: bool) -> PaddedBatch:
     import torch
     import torch.nn.functional as F
 
     values = dict(batch)
-    if add_mask and "attention_mask" not in values and "input_ids" in plan.lengths:
+    first = next(iter(plan.lengths))
+    original = {
+        "rows": values[first].shape[0] if first in values else plan.rows,
+        "lengths": {k: values[k].shape[1] for k in plan.lengths if k in values},
+        "added_mask": False,
+        "cut": tuple(plan.sides) if cut_outputs else (),
+        "buckets": plan.buckets,
+    }
+    if plan.add_mask and "attention_mask" not in values:
         ids = values["input_ids"]
-        if plan.lengths["input_ids"] > ids.shape[1]:
-            values["attention_mask"] = torch.ones(ids.shape[:2], dtype=torch.long)
+        values["attention_mask"] = torch.ones(ids.shape[:2], dtype=torch.long, device=ids.device)
+        original["added_mask"] = True
+        original["lengths"]["attention_mask"] = ids.shape[1]
+    if plan.pad_token_id is not None:
+        pad_token_id = plan.pad_token_id
     for key, length in plan.lengths.items():
-        if key not in values:
+        tensor = values.get(key)
+        if tensor is None:
             continue
-        tensor = values[key]
         extra = length - tensor.shape[1]
         if extra > 0:
             fill = batch_buckets.SEQUENCE_PADDING[key]
             value = pad_token_id if fill == batch_buckets.PAD_TOKEN else fill
-            pad = (0, 0) * (tensor.dim() - 2) + (0, extra)
-            values[key] = F.pad(tensor, pad, value=value)
-    first = next(iter(plan.lengths))
+            values[key] = F.pad(tensor, (0, 0) * (tensor.dim() - 2) + (0, extra), value=value)
     rows = values[first].shape[0]
     if plan.rows > rows:
         missing = plan.rows - rows
@@ -130,13 +227,7 @@ def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id
             if key == "labels":
                 filler = torch.full_like(filler, batch_buckets.IGNORE_INDEX)
             values[key] = torch.cat([tensor, filler])
-    if isinstance(batch, dict) and type(batch) is dict:
-        return values
-    try:
-        result = type(batch)(values)
-    except Exception:  # noqa: BLE001 - a mapping type we cannot rebuild: a dict does
-        return values
-    return result
+    return PaddedBatch(values, original)
 
 
 def _trainer_collator(train_dataloader: Any) -> tuple[BucketCollator | None, Any]:
@@ -268,14 +359,20 @@ class _Warmup:
         rows = collator.batch_size or args.per_device_train_batch_size
         features = [dataset[i % len(dataset)] for i in range(rows)]
         base = collator.collate_fn(features)
+        batches = {}
+        for length in lengths:
+            batch = collator.pad_to(base, length, rows)
+            if batch is None:
+                logger.info("transformers-tpu-ext: warmup skipped: the training batches are left unpadded")
+                return
+            batches.setdefault(batch.original["buckets"], batch)  # a length past a position table is capped
         model = trainer.model_wrapped
         snapshot = _Snapshot(model, trainer.optimizer, trainer.lr_scheduler)
         from ..progress import Progress
 
-        bar = Progress(len(lengths), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
+        bar = Progress(len(batches), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
         try:
-            for length in lengths:
-                batch = collator.pad_to(base, length, rows)
+            for buckets, batch in batches.items():
                 batch = trainer._prepare_inputs(batch)
                 items = trainer._get_num_items_in_batch([batch], args.device)
                 loss = trainer.training_step(model, batch, items)
@@ -285,13 +382,14 @@ class _Warmup:
                 trainer.optimizer.step()
                 trainer.lr_scheduler.step()
                 model.zero_grad()
-                bar.step(f"compiled a training step of {rows} x {length} tokens")
+                bar.step(f"compiled a training step of {rows} x {' + '.join(map(str, buckets))} tokens")
         finally:
             bar.close()
             model.zero_grad()
             snapshot.restore()
-        collator.used.update(lengths)
-        self.lengths = lengths
+        warmed = [bucket for buckets in batches for bucket in buckets]
+        collator.used.update(warmed)
+        self.lengths = [buckets[0] for buckets in batches]
 
 
 def warmup(trainer: Any, max_length: int | None = None, lengths: Iterable[int] | None = None) -> Any:

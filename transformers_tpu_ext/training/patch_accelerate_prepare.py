@@ -8,12 +8,14 @@ On a TPU host, and only there:
   launcher that started several processes while Accelerate set up one) raises ``RuntimeError``
   saying what to do, before the first step (:func:`training_policy.replica_problem`). (FSDP1 is
   refused earlier, when its plugin is made: ``accelerate_dataclasses``; FSDP2 is supported.)
-- ``Accelerator.prepare_optimizer``: an optimizer with ``capturable`` (Adam, AdamW, ...) gets
-  ``capturable=True`` and a 0-dim tensor learning rate (moved to the chip with the optimizer state;
-  a schedule fills it in place), before upstream wraps it: no Python float that changes at every
-  step reaches a TPU program (:func:`training_policy.optimizer_overrides`). With Accelerate's
-  ``tpu`` dynamo backend (``torch_compile=True`` in a Trainer), the step of a non-fused optimizer is
-  compiled with that backend too; it then compiles once for the whole run.
+- ``Accelerator.prepare_optimizer``: after upstream prepared it, the user's optimizer steps as
+  :func:`training_policy.optimizer_plan` decides, group by group (:func:`.optimizer.adapt_step`):
+  Adam and AdamW hold, during ``step()`` only, a device tensor learning rate (and, unless fused,
+  ``foreach=True, capturable=True``), so no Python float that changes at every step reaches a TPU
+  program; every other optimizer, and any group the plan does not prove exact, steps as made (said
+  once in the log). What the user, the schedule and checkpoints read stays a float. With
+  Accelerate's ``tpu`` dynamo backend (``torch_compile=True`` in a Trainer), an adapted foreach step
+  is compiled with that backend too, once for the whole run.
 - ``fsdp2_prepare_model`` (as ``accelerate.accelerator`` calls it): a model still on the host is
   moved to the chip before ``fully_shard``. FSDP2 moves each parameter with ``param.data = ...``,
   which PyTorch refuses between the CPU and a PrivateUse1 device such as torch_tpu's (the same
@@ -91,25 +93,6 @@ def _prepare_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
     return model
 
 
-def adapt_optimizer(optimizer: Any, sharded: bool = False) -> dict[str, Any]:
-    """Apply :func:`training_policy.optimizer_overrides` to every param group; returns what changed."""
-    torch = _torch()
-    changed: dict[str, Any] = {}
-    for group in optimizer.param_groups:
-        overrides = training_policy.optimizer_overrides(
-            {**optimizer.defaults, **group}, lr_is_tensor=isinstance(group.get("lr"), torch.Tensor), sharded=sharded
-        )
-        if overrides.get("capturable"):
-            group["capturable"] = True
-            changed["capturable"] = True
-        if overrides.get("lr") == "tensor":
-            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32)
-            changed["lr"] = "tensor"
-    if changed.get("capturable"):
-        optimizer.defaults["capturable"] = True
-    return changed
-
-
 def _shards_parameters(accelerator: Any) -> bool:
     from accelerate.utils import DistributedType
 
@@ -131,20 +114,31 @@ def _prepare_optimizer(wrapped: Callable[..., Any], instance: Any, args: tuple, 
         and not getattr(optimizer, "_is_accelerate_prepared", False)
         and hasattr(optimizer, "param_groups")
     )
-    if on_tpu:
-        try:
-            if adapt_optimizer(optimizer, sharded=_shards_parameters(instance)):
-                logger.info(
-                    "transformers-tpu-ext: %s on TPU: capturable=True and a tensor learning rate, so neither the "
-                    "schedule nor the step count recompiles its step",
-                    type(optimizer).__name__,
-                )
-        except Exception as error:  # noqa: BLE001 - ours: the optimizer stays as the user made it
-            warn_once(f"adapting {type(optimizer).__name__} for TPU failed ({type(error).__name__}: {error})")
     prepared = wrapped(*args, **kwargs)
-    if on_tpu and _compiles_with_tpu(instance) and training_policy.compiles_optimizer_step(optimizer.defaults):
-        optimizer.step = _torch().compile(optimizer.step, backend=training_policy.COMPILE_BACKEND, dynamic=False)
+    if on_tpu:
+        _after_prepare(instance, optimizer)
     return prepared
+
+
+def _after_prepare(accelerator: Any, optimizer: Any) -> None:
+    """The user's optimizer steps as :func:`training_policy.optimizer_plan` says (said once per decision)."""
+    from . import optimizer as tpu_optimizer
+
+    name = type(optimizer).__name__
+    try:
+        plans = tpu_optimizer.adapt_step(
+            optimizer,
+            sharded=_shards_parameters(accelerator),
+            compile_backend=training_policy.COMPILE_BACKEND if _compiles_with_tpu(accelerator) else None,
+        )
+    except Exception as error:  # noqa: BLE001 - ours: the optimizer stays as the user made it
+        warn_once(f"adapting {name} for TPU failed ({type(error).__name__}: {error}); it steps as you made it")
+        return
+    for plan in dict.fromkeys((p.action, p.reason) for p in plans):
+        if plan[0] == training_policy.ADAPT:
+            logger.info("transformers-tpu-ext: %s on TPU: %s, during the step only", name, plan[1])
+        else:
+            warn_once(f"{name} on TPU steps as you made it: {plan[1]}")
 
 
 def _on_host(model: Any) -> bool:

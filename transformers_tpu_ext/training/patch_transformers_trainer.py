@@ -3,10 +3,16 @@
 On TPU (the Trainer's device is ``tpu``), and only there:
 
 - ``Trainer._get_dataloader`` (behind the train, eval and test loaders): the loader's collate
-  function is wrapped in :class:`transformers_tpu_ext.training.BucketCollator`, so batches come in a
-  few sequence-length buckets, and a partial training batch is completed with ignored rows
-  (evaluation keeps its real rows). The policy is :mod:`transformers_tpu_ext.training.buckets`;
-  ``TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS=0`` turns it off.
+  function is wrapped in :class:`transformers_tpu_ext.training.BucketCollator`, with the facts of the
+  Trainer's model and loop (:mod:`.facts`), so batches come in a few sequence-length buckets where
+  :func:`transformers_tpu_ext.training.buckets.plan_batch` proves it exact, and a partial training
+  batch is completed with ignored rows (evaluation keeps its real rows); other batches are left as
+  the collator made them. ``TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS=0`` turns it off.
+- ``Trainer.prediction_step`` (also behind ``Seq2SeqTrainer``'s, which calls it): the per-position
+  outputs and labels of a padded evaluation batch are cut back to the collator's lengths, so
+  ``evaluate()`` / ``predict()`` return a CPU run's shapes. ``Trainer._track_num_input_tokens``:
+  ``include_num_input_tokens_seen`` counts the collator's tokens (the batch cropped back to its
+  rows, lengths and own mask), not the padding.
 - ``Trainer._save_rng_state`` / ``_load_rng_state``: the TPU's random state is saved next to the
   others (``tpu_state[_<rank>].pth``) and restored on resume, through the public
   ``torch.tpu.default_generators`` (``torch.tpu.get_rng_state`` is internal to torch_tpu), with the
@@ -20,7 +26,6 @@ On TPU (the Trainer's device is ``tpu``), and only there:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
@@ -60,14 +65,6 @@ def _pad_token_id(trainer: Any) -> int | None:
     return None
 
 
-def _accepts_attention_mask(model: Any) -> bool:
-    try:
-        parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return "attention_mask" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
 def _after(what: str, function: Callable[..., Any], *args: Any) -> None:
     """Run our own post-processing; a failure of ours is one warning, never the user's error."""
     try:
@@ -87,6 +84,7 @@ def _get_dataloader(wrapped: Callable[..., Any], instance: Any, args: tuple, kwa
 def _bucket(instance: Any, loader: Any, args: tuple, kwargs: dict) -> None:
     settings = batch_buckets.settings()
     from .collator import BucketCollator
+    from .facts import model_facts, source_facts
 
     # Accelerate's DataLoaderShard adapts a DataLoader of its own, which is the one that collates.
     loader = vars(loader).get("base_dataloader", loader)
@@ -94,17 +92,63 @@ def _bucket(instance: Any, loader: Any, args: tuple, kwargs: dict) -> None:
     if not settings.enabled or collate is None or isinstance(collate, BucketCollator):
         return
     batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
-    is_training = args[4] if len(args) > 4 else kwargs.get("is_training", False)
+    is_training = bool(args[4] if len(args) > 4 else kwargs.get("is_training", False))
     used = instance.__dict__.setdefault(BUCKETS, set())
     loader.collate_fn = BucketCollator(
         collate,
         batch_size=batch_size,
         pad_token_id=_pad_token_id(instance),
-        pad_rows=bool(is_training),
-        add_attention_mask=_accepts_attention_mask(instance.model),
+        pad_rows=is_training,
         settings=settings,
         used=used,
+        model=model_facts(instance.model),
+        source=source_facts(instance, collate, is_training),
     )
+
+
+def _prediction_step(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wrapper for ``prediction_step(model, inputs, prediction_loss_only, ignore_keys=None)``: the
+    per-position outputs and labels of a padded batch, cut back to the collator's lengths."""
+    from .collator import PaddedBatch, original_of
+
+    inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+    result = wrapped(*args, **kwargs)
+    if not isinstance(inputs, PaddedBatch) or not isinstance(result, tuple) or len(result) != 3:
+        return result
+    original = original_of(inputs)
+    if original is None:
+        warn_once("an evaluation batch lost what it was before padding: its outputs keep the padded length")
+        return result
+    if not original["cut"]:
+        return result
+    loss, logits, labels = result
+    try:
+        return loss, _cut(logits, original["cut"]), _cut(labels, original["cut"])
+    except Exception as error:  # noqa: BLE001 - ours: the padded outputs, with a warning
+        warn_once(f"cutting evaluation outputs back failed ({type(error).__name__}: {error})")
+        return result
+
+
+def _cut(value: Any, sides: tuple[tuple[int, int], ...]) -> Any:
+    """Every tensor whose axis 1 has a side's padded length, cut back to that side's length."""
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
+        length = batch_buckets.cut_length(value.shape, sides)
+        return value if length is None else value[:, :length]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cut(v, sides) for v in value)
+    return value
+
+
+def _track_num_input_tokens(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wrapper for ``_track_num_input_tokens(inputs)``: the collator's tokens are counted, not the padding."""
+    from .collator import crop, original_of
+
+    inputs = args[0] if args else kwargs.get("inputs")
+    original = original_of(inputs)
+    if original is None:
+        return wrapped(*args, **kwargs)
+    return wrapped(crop(inputs, original))
 
 
 def _rng_file(trainer: Any, directory: str) -> str:
@@ -170,6 +214,9 @@ def apply(module: Any) -> None:
     if _wraps:
         return
     _wraps.wrap(module, "Trainer._get_dataloader", fail_safe(_get_dataloader))
+    _wraps.wrap(module, "Trainer.prediction_step", fail_safe(_prediction_step))
+    if hasattr(module.Trainer, "_track_num_input_tokens"):  # Transformers >= 4.57
+        _wraps.wrap(module, "Trainer._track_num_input_tokens", fail_safe(_track_num_input_tokens))
     _wraps.wrap(module, "Trainer._save_rng_state", fail_safe(_save_rng_state))
     _wraps.wrap(module, "Trainer._load_rng_state", fail_safe(_load_rng_state))
     _wraps.wrap(module, "Trainer._load_optimizer_and_scheduler", fail_safe(_load_optimizer_and_scheduler))

@@ -10,13 +10,16 @@ into Accelerate and Transformers. See ``docs/training.md``.
   would diverge silently: refused, with what to do.
 - **Compile.** ``torch_compile=True`` means the ``tpu`` backend on TPU; backends and modes the TPU
   backend rejects are adapted with one warning.
-- **Optimizer.** A compiled program is keyed by Python scalars as well as shapes: the learning rate
-  (changed by every schedule step) and Adam's step count become device tensors.
+- **Optimizer.** A compiled program is keyed by Python scalars as well as shapes: during the step
+  of Adam/AdamW (and only of those: the implementations proven exact at every learning rate), the
+  learning rate and the step count are device tensors (:func:`optimizer_plan`); every other
+  optimizer runs as the user made it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -24,8 +27,11 @@ __all__ = [
     "PROCESS_GROUP_BACKENDS",
     "UnsupportedBackend",
     "adapt_compile",
-    "compiles_optimizer_step",
-    "optimizer_overrides",
+    "ADAPT",
+    "EXACT_OPTIMIZERS",
+    "LEAVE",
+    "OptimizerPlan",
+    "optimizer_plan",
     "process_group_backend",
     "replica_problem",
     "wrapper_kind",
@@ -135,37 +141,73 @@ def adapt_compile(backend: str | None, mode: str | None) -> tuple[str, str | Non
     return new_backend, new_mode, notes
 
 
-#: Optimizer defaults that move the per-step Python scalars onto the device, when the class has them.
-_CAPTURABLE = "capturable"
+#: Optimizers whose step the plugin may adapt, by exact class (``module.qualname``; a subclass may
+#: change the update, so it is not proven). Adam/AdamW: the fused kernel multiplies by a tensor
+#: learning rate, and the capturable foreach step computes its step size as
+#: ``1 / ((beta1**t - 1) / lr)``, which IEEE arithmetic takes to -0 at lr 0 (parameters unchanged,
+#: tested bitwise at lr 0 and at the end of a linear decay). The capturable single-tensor step
+#: divides by the learning rate (NaN where a second moment is 0, pytorch#97004): never chosen. An
+#: optimizer joins this list with its own lr-0 / end-of-decay test.
+EXACT_OPTIMIZERS: tuple[str, ...] = ("torch.optim.adam.Adam", "torch.optim.adamw.AdamW")
+
+#: The actions of an :class:`OptimizerPlan`.
+ADAPT, LEAVE = "adapt", "leave"
 
 
-def optimizer_overrides(defaults: Mapping[str, Any], *, lr_is_tensor: bool, sharded: bool = False) -> dict[str, Any]:
-    """The per-group settings that keep an optimizer step free of changing Python scalars.
+@dataclass(frozen=True)
+class OptimizerPlan:
+    """How the step of one param group runs on TPU.
 
-    - ``capturable=True`` where the optimizer offers it (Adam, AdamW, ...): the step count and bias
-      corrections stay device tensors instead of host floats.
-    - a tensor learning rate (``{"lr": "tensor"}``) where the optimizer is capturable, so a schedule
-      updates it in place (``LRScheduler`` fills a tensor ``lr``) instead of passing a new float.
-
-    Optimizers without ``capturable`` (SGD, Adafactor, ...) are left as they are, and so are the
-    optimizers of sharded (FSDP2, DTensor) parameters: DTensor has no sharding rule for the tensor-lr
-    overloads of the fused kernels.
+    ``action`` is ``"adapt"`` or ``"leave"`` (the step runs as the user made it). An adapted group
+    holds, during ``step()`` only, a device tensor learning rate filled from its float
+    (``tensor_lr``) and the values of ``settings`` (e.g. ``{"capturable": True, "foreach": True}``);
+    outside the step it is what the user made (a float ``lr``, their ``capturable`` and ``foreach``),
+    so schedules, logs and checkpoints see what a CPU run has. ``compile_step``: compiling the step
+    with the ``tpu`` backend is exact for this group. ``reason`` is the log line and the docs' cell.
     """
-    if _CAPTURABLE not in defaults or sharded:
-        return {}
-    overrides: dict[str, Any] = {}
-    if not defaults.get(_CAPTURABLE):
-        overrides[_CAPTURABLE] = True
-    if not lr_is_tensor:
-        overrides["lr"] = "tensor"
-    return overrides
+
+    action: str
+    reason: str
+    tensor_lr: bool = False
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    compile_step: bool = False
 
 
-def compiles_optimizer_step(defaults: Mapping[str, Any]) -> bool:
-    """Whether ``torch_compile`` should compile this optimizer's step with the ``tpu`` backend.
+def optimizer_plan(kind: str, group: Mapping[str, Any], *, sharded: bool = False, on_device: bool = True) -> OptimizerPlan:
+    """How the step of a param group of the optimizer class ``kind`` (``module.qualname``) runs on TPU.
 
-    Capturable, non-fused optimizers: their step is many small per-parameter kernels that one
-    compiled program replaces, and (capturable, tensor learning rate) nothing in it changes from a
-    step to the next. A fused optimizer's step is already one kernel (TorchDynamo runs it eagerly).
+    ``group`` holds the group's hyperparameters as they are (``lr``, ``foreach``, ``fused``,
+    ``differentiable``, ...); ``sharded``: its parameters are DTensors (FSDP2, tensor parallelism);
+    ``on_device``: every parameter of the group is a dense floating-point tensor on the chip.
+
+    A compiled program is keyed by Python scalars: a scheduled float learning rate recompiles a
+    compiled step at every step. A device tensor learning rate is an input instead, but only some
+    step implementations are exact with it at every learning rate, 0 included (the start of a
+    warm-up, the end of a linear decay): those are adapted; every other step runs as made.
     """
-    return bool(defaults.get(_CAPTURABLE)) and not defaults.get("fused")
+    if sharded:
+        return OptimizerPlan(LEAVE, "sharded (DTensor) parameters: DTensor has no rule for the tensor-learning-rate kernels")
+    if kind not in EXACT_OPTIMIZERS:
+        return OptimizerPlan(LEAVE, "not an optimizer known to be exact with a tensor learning rate (only torch.optim.Adam and AdamW are)")
+    if group.get("differentiable"):
+        return OptimizerPlan(LEAVE, "differentiable=True: autograd through the step")
+    if isinstance(group.get("lr"), bool) or not isinstance(group.get("lr"), (int, float)):
+        return OptimizerPlan(LEAVE, "the learning rate is not a Python number (your own tensor)")
+    if not on_device:
+        return OptimizerPlan(LEAVE, "parameters that are not all dense floating-point tensors on the TPU")
+    if group.get("fused"):
+        return OptimizerPlan(ADAPT, "fused=True: the fused kernel multiplies by a tensor learning rate", tensor_lr=True)
+    if group.get("foreach") is False:
+        return OptimizerPlan(
+            LEAVE,
+            "foreach=False: a single-tensor step with a tensor learning rate divides by it (NaN at lr 0); "
+            "a compiled step would recompile when the learning rate changes, so it is not compiled "
+            "(pass foreach=True or fused=True)",
+        )
+    return OptimizerPlan(
+        ADAPT,
+        "foreach (torch's default on a device): capturable, with a tensor learning rate and step count",
+        tensor_lr=True,
+        settings={"foreach": True, "capturable": True},
+        compile_step=True,
+    )

@@ -1,0 +1,146 @@
+"""The plain facts the batch predicate needs, read off a model, a collator and a Trainer.
+
+:func:`transformers_tpu_ext.training.buckets.plan_batch` decides from plain data
+(:class:`~transformers_tpu_ext.training.buckets.ModelFacts`, :class:`~transformers_tpu_ext.training.buckets.SourceFacts`);
+this module reads them off the objects: the model's task (Transformers' own task mappings), whether
+its attention is causal (its attention layers' ``is_causal``), its position tables, what its
+forward takes; the collator and the Trainer's loss and evaluation hooks. Anything it does not
+recognise reads as unknown, and the predicate leaves such batches alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import buckets as batch_buckets
+
+__all__ = ["POOLS_FIRST_TOKEN", "model_facts", "packs", "source_facts", "unwrap"]
+
+#: Encoder families whose sequence classifier pools the first token (or a mean under the mask):
+#: padding on the right with a mask cannot reach what they pool. Other bidirectional classifiers
+#: (XLNet pools the last position) are not known. Decoder-only classifiers pool the last token that
+#: is not the config's pad token (``ModelFacts.pools_last_token``).
+POOLS_FIRST_TOKEN: frozenset[str] = frozenset(
+    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "albert", "electra", "deberta", "deberta-v2", "modernbert"}
+)
+
+#: The Trainer methods whose upstream version the predicate relies on, by the class defining them.
+_UPSTREAM_PREDICTION_STEP = {"transformers.trainer.Trainer", "transformers.trainer_seq2seq.Seq2SeqTrainer"}
+_UPSTREAM_COMPUTE_LOSS = {"transformers.trainer.Trainer"}
+
+
+def unwrap(model: Any) -> Any:
+    """The Transformers model under DDP, ``torch.compile`` and PEFT wrappers."""
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+def _names(mapping: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for value in mapping.values():
+        names.update(value if isinstance(value, (tuple, list)) else [value])
+    return names
+
+
+def _causal(model: Any) -> bool:
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    return bool(flags) and all(flags)
+
+
+def _accepts(model: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _first_int(config: Any, names: Iterable[str]) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def model_facts(model: Any) -> batch_buckets.ModelFacts:
+    """The :class:`~transformers_tpu_ext.training.buckets.ModelFacts` of ``model`` (wrappers seen through)."""
+    from transformers import PreTrainedModel
+    from transformers.models.auto import modeling_auto as auto
+
+    base = unwrap(model)
+    if not isinstance(base, PreTrainedModel):
+        return batch_buckets.ModelFacts(known=False)
+    config = base.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    name = type(base).__name__
+    per_token = name in (
+        _names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        | _names(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+        | _names(auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+        | _names(auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES)
+    )
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    causal = not encoder_decoder and _causal(base)
+    classifier = name in _names(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    pools_last = classifier and causal
+    known = per_token or pools_last or (classifier and getattr(config, "model_type", None) in POOLS_FIRST_TOKEN)
+    positions = ("n_positions", "max_position_embeddings")
+    pad = getattr(text, "pad_token_id", None)
+    return batch_buckets.ModelFacts(
+        known=known,
+        causal=causal,
+        encoder_decoder=encoder_decoder,
+        per_token_labels=per_token,
+        pools_last_token=pools_last,
+        pad_token_id=pad if isinstance(pad, int) and not isinstance(pad, bool) else None,
+        max_positions=_first_int(text, ("max_source_positions", *positions) if encoder_decoder else positions),
+        max_decoder_positions=_first_int(text, ("max_target_positions", *positions)) if encoder_decoder else None,
+        accepts_attention_mask=_accepts(model, "attention_mask"),
+        extra_outputs=any(bool(getattr(text, k, False)) for k in ("output_hidden_states", "output_attentions", "output_router_logits")),
+        aux_loss=bool(getattr(text, "output_router_logits", False)),
+    )
+
+
+def _defined_by(instance: Any, method: str) -> str:
+    for cls in type(instance).__mro__:
+        if method in vars(cls):
+            return f"{cls.__module__}.{cls.__qualname__}"
+    return ""
+
+
+def _inner_collator(collate: Any) -> Any:
+    seen: set[int] = set()
+    while id(collate) not in seen and hasattr(collate, "data_collator"):  # the Trainer's RemoveColumnsCollator
+        seen.add(id(collate))
+        collate = collate.data_collator
+    return collate
+
+
+def packs(collate: Any) -> bool:
+    """Whether the collator packs sequences into rows told apart by ``position_ids``."""
+    return any(cls.__name__ == "DataCollatorWithFlattening" for cls in type(_inner_collator(collate)).__mro__)
+
+
+def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.SourceFacts:
+    """The :class:`~transformers_tpu_ext.training.buckets.SourceFacts` of a Trainer data loader."""
+    args = trainer.args
+    return batch_buckets.SourceFacts(
+        training=training,
+        packed=packs(collate),
+        generates=not training and bool(getattr(args, "predict_with_generate", False)),
+        custom_loss=_defined_by(trainer, "compute_loss") not in _UPSTREAM_COMPUTE_LOSS
+        or getattr(trainer, "compute_loss_func", None) is not None,
+        cuts_outputs=_defined_by(trainer, "prediction_step") in _UPSTREAM_PREDICTION_STEP,
+        returns_inputs="inputs" in (getattr(args, "include_for_metrics", None) or ()),
+    )

@@ -1,0 +1,261 @@
+"""What takes which path in training, as ``docs/training.md`` shows it: tables rendered from the predicates.
+
+The cases are plain data (what a user trains, the batch or the optimizer group as made); each row
+runs :func:`transformers_tpu_ext.training.buckets.plan_batch` or
+:func:`transformers_tpu_ext.training.policy.optimizer_plan` and says what happens on TPU and why.
+``docs/training.md`` holds the rendered tables between markers; ``tests/training/test_paths.py``
+re-renders them and fails when the page and the code disagree. To rewrite the page::
+
+    python -m transformers_tpu_ext.training.paths docs/training.md
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import buckets as batch_buckets
+from . import policy as training_policy
+from .buckets import ModelFacts, SourceFacts
+
+__all__ = ["BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
+
+_LADDER = batch_buckets.sequence_ladder()
+_BATCH = 4
+
+_CAUSAL = ModelFacts(pad_token_id=0, max_positions=40960)
+_BERT = ModelFacts(causal=False, pad_token_id=0, max_positions=512)
+_BERT_CLASSIFIER = ModelFacts(causal=False, per_token_labels=False, pad_token_id=0, max_positions=512)
+_T5 = ModelFacts(causal=False, encoder_decoder=True, pad_token_id=0, max_positions=512, max_decoder_positions=512)
+_GPT2_200 = ModelFacts(pad_token_id=0, max_positions=200)
+_TRAIN = SourceFacts(training=True)
+_EVAL = SourceFacts(training=False, cuts_outputs=True)
+
+
+def _lm(rows: int, length: int, mask: bool = True) -> dict[str, tuple[int, ...]]:
+    shapes = {"input_ids": (rows, length), "labels": (rows, length)}
+    if mask:
+        shapes["attention_mask"] = (rows, length)
+    return shapes
+
+
+@dataclass(frozen=True)
+class BatchCase:
+    """A user's batch: what they train, the batch's tensors (shape, dtype), the model and the loop."""
+
+    what: str
+    batch: str
+    shapes: Mapping[str, tuple[int, ...] | None]
+    model: ModelFacts = _CAUSAL
+    source: SourceFacts = _TRAIN
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+
+
+BATCH_CASES: tuple[BatchCase, ...] = (
+    BatchCase("causal LM, `DataCollatorForLanguageModeling`", "4 × 70 tokens", _lm(4, 70)),
+    BatchCase("causal LM, the last batch of an epoch", "3 × 20 tokens", _lm(3, 20)),
+    BatchCase(
+        "causal LM, `DataCollatorWithFlattening` (packed)", "1 row of 150 tokens, `position_ids`, no mask",
+        {"input_ids": (1, 150), "labels": (1, 150), "position_ids": (1, 150)}, source=SourceFacts(packed=True),
+    ),
+    BatchCase(
+        "packed, `return_seq_idx=True`", "1 row, `position_ids`, `seq_idx`",
+        {"input_ids": (1, 150), "labels": (1, 150), "position_ids": (1, 150), "seq_idx": (1, 150)},
+        source=SourceFacts(packed=True),
+    ),
+    BatchCase(
+        "GPT-2 with `n_positions=200`", "4 × 195 tokens", _lm(4, 195), model=_GPT2_200,
+    ),
+    BatchCase("GPT-2 with `n_positions=200`", "4 × 230 tokens", _lm(4, 230), model=_GPT2_200),
+    BatchCase("BERT MLM, `default_data_collator` on 100-token blocks", "4 × 100, no mask", _lm(4, 100, mask=False), model=_BERT),
+    BatchCase(
+        "token classification (BERT)", "4 × 40, labels per token",
+        {"input_ids": (4, 40), "attention_mask": (4, 40), "labels": (4, 40)}, model=_BERT,
+    ),
+    BatchCase(
+        "sequence classification (BERT), single label", "3 × 40, labels `(3,)`",
+        {"input_ids": (3, 40), "attention_mask": (3, 40), "labels": (3,)}, model=_BERT_CLASSIFIER,
+    ),
+    BatchCase(
+        "multi-label classification", "4 × 40, float labels `(4, 3)`",
+        {"input_ids": (4, 40), "attention_mask": (4, 40), "labels": (4, 3)}, model=_BERT_CLASSIFIER,
+        dtypes={"labels": "float"},
+    ),
+    BatchCase(
+        "decoder-only classifier with `config.pad_token_id`", "4 × 40, labels `(4,)`",
+        {"input_ids": (4, 40), "attention_mask": (4, 40), "labels": (4,)},
+        model=ModelFacts(per_token_labels=False, pools_last_token=True, pad_token_id=7),
+    ),
+    BatchCase(
+        "decoder-only classifier without a pad token", "1 × 40, labels `(1,)`",
+        {"input_ids": (1, 40), "labels": (1,)}, model=ModelFacts(per_token_labels=False, pools_last_token=True),
+    ),
+    BatchCase(
+        "T5, `DataCollatorForSeq2Seq`", "4 × 100 inputs, 4 × 12 labels",
+        {"input_ids": (4, 100), "attention_mask": (4, 100), "labels": (4, 12), "decoder_input_ids": (4, 12)}, model=_T5,
+    ),
+    BatchCase(
+        "MoE with `output_router_logits=True`", "3 × 40, no mask", _lm(3, 40, mask=False),
+        model=ModelFacts(pad_token_id=0, aux_loss=True, extra_outputs=True),
+    ),
+    BatchCase("`evaluate()` / `predict()`, causal LM", "3 × 33 tokens", _lm(3, 33), source=_EVAL),
+    BatchCase(
+        "`evaluate()` of T5, sides in one bucket", "4 × 40 inputs, 4 × 35 labels",
+        {"input_ids": (4, 40), "attention_mask": (4, 40), "labels": (4, 35)}, model=_T5, source=_EVAL,
+    ),
+    BatchCase(
+        "`evaluate()` with `include_for_metrics=['inputs']`", "4 × 33 tokens", _lm(4, 33),
+        source=SourceFacts(training=False, cuts_outputs=True, returns_inputs=True),
+    ),
+    BatchCase(
+        "`evaluate()` of a Trainer with its own `prediction_step`", "4 × 33 tokens", _lm(4, 33),
+        source=SourceFacts(training=False),
+    ),
+    BatchCase(
+        "`Seq2SeqTrainer(predict_with_generate=True)`", "4 × 20 prompts", {"input_ids": (4, 20), "attention_mask": (4, 20)},
+        source=SourceFacts(training=False, cuts_outputs=True, generates=True),
+    ),
+    BatchCase(
+        "a Trainer with its own `compute_loss` (or `compute_loss_func`)", "4 × 70 tokens", _lm(4, 70),
+        source=SourceFacts(custom_loss=True),
+    ),
+    BatchCase(
+        "a plain `nn.Module`", "feature vectors `(4, 10)` named `input_ids`",
+        {"input_ids": (4, 10), "labels": (4,)}, model=ModelFacts(known=False),
+    ),
+    BatchCase(
+        "float `input_ids` on a Transformers model", "`(4, 10)` floats", {"input_ids": (4, 10), "labels": (4, 10)},
+        dtypes={"input_ids": "float"},
+    ),
+    BatchCase(
+        "another per-token tensor", "`input_ids`, `labels`, `my_weights` `(4, 40)`",
+        {**_lm(4, 40), "my_weights": (4, 40)},
+    ),
+)
+
+
+def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
+    model, source = case.model, case.source
+    reasons = []
+    if model.pools_last_token:
+        reasons.append("`input_ids` padded with the config's pad token: the last non-pad token it pools is unchanged")
+    elif source.packed or ("position_ids" in plan.lengths and "attention_mask" not in case.shapes):
+        reasons.append("`position_ids` 0: each padding token is a packed sequence of its own, seen by no real token")
+    elif plan.add_mask:
+        reasons.append("an attention mask added, 0 on the padding")
+    elif "attention_mask" in plan.lengths:
+        reasons.append("the mask is 0 on the padding")
+    elif model.causal:
+        reasons.append("causal: no real token sees the padding")
+    if "labels" in plan.lengths:
+        reasons.append("labels -100, which its loss ignores")
+    elif "labels" in case.shapes:
+        reasons.append("labels per example, not padded")
+    if len(plan.sides) == 2:
+        reasons.append("each side in its own bucket")
+    capped = [p for p, _ in plan.sides if p in (model.max_positions, model.max_decoder_positions) and p not in _LADDER]
+    if capped:
+        reasons.append(f"capped at the model's {capped[0]} positions")
+    if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
+        reasons.append("added rows have labels -100")
+    elif model.aux_loss and source.training:
+        reasons.append("no rows added: its auxiliary loss counts every token the mask lets through")
+    if not source.training:
+        reasons.append("outputs cut back to the collator's lengths")
+    return "; ".join(reasons)
+
+
+def _padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
+    sizes = " and ".join(f"{padded}" for padded, _ in plan.sides)
+    cell = f"padded to {sizes}"
+    first = next(iter(plan.lengths))
+    rows = case.shapes[first][0]
+    if plan.rows > rows:
+        cell += f", {plan.rows} rows"
+    if plan.add_mask:
+        cell += ", mask added"
+    return cell
+
+
+def batch_table(cases: Sequence[BatchCase] = BATCH_CASES) -> str:
+    """The markdown table of what the Trainer's batches become on TPU (batch size 4, default ladder)."""
+    lines = ["| what you train | the batch | on TPU | why |", "|---|---|---|---|"]
+    for case in cases:
+        plan = batch_buckets.plan_batch(
+            case.shapes, ladder=_LADDER, batch_size=_BATCH, pad_rows=case.source.training, dtypes=case.dtypes,
+            model=case.model, source=case.source,
+        )
+        if isinstance(plan, str):
+            lines.append(f"| {case.what} | {case.batch} | left as the collator made it | {plan} |")
+        else:
+            lines.append(f"| {case.what} | {case.batch} | {_padded(case, plan)} | {_why_padded(case, plan)} |")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class OptimizerCase:
+    """A user's optimizer (class and one group as made) and where its parameters are."""
+
+    what: str
+    kind: str
+    group: Mapping[str, Any]
+    sharded: bool = False
+    on_device: bool = True
+
+
+_ADAMW = "torch.optim.adamw.AdamW"
+OPTIMIZER_CASES: tuple[OptimizerCase, ...] = (
+    OptimizerCase("`optim=\"adamw_torch_fused\"` (the Trainer's default), `AdamW(fused=True)`", _ADAMW, {"lr": 1e-3, "fused": True}),
+    OptimizerCase("`optim=\"adamw_torch\"`, `torch.optim.AdamW(params)`, `Adam(params)`", _ADAMW, {"lr": 1e-3, "foreach": None}),
+    OptimizerCase("`AdamW(params, foreach=False)`", _ADAMW, {"lr": 1e-3, "foreach": False}),
+    OptimizerCase("`AdamW(params, lr=torch.tensor(1e-3))`", _ADAMW, {"lr": "tensor", "foreach": None}),
+    OptimizerCase("`AdamW(params, differentiable=True)`", _ADAMW, {"lr": 1e-3, "differentiable": True}),
+    OptimizerCase("AdamW of FSDP2 (DTensor) parameters", _ADAMW, {"lr": 1e-3, "foreach": None}, sharded=True),
+    OptimizerCase("`SGD`, `Adafactor`, `RMSprop`, a subclass of `AdamW`, bitsandbytes", "torch.optim.sgd.SGD", {"lr": 1e-3}),
+)
+
+
+def optimizer_table(cases: Sequence[OptimizerCase] = OPTIMIZER_CASES) -> str:
+    """The markdown table of how each optimizer steps on TPU."""
+    lines = ["| your optimizer | during `step()` on TPU | why |", "|---|---|---|"]
+    for case in cases:
+        plan = training_policy.optimizer_plan(case.kind, case.group, sharded=case.sharded, on_device=case.on_device)
+        if plan.action == training_policy.ADAPT:
+            settings = [f"`{k}={v}`" for k, v in plan.settings.items()]
+            during = ", ".join(["a device tensor learning rate", *settings])
+            if plan.compile_step:
+                during += "; compiled with the `tpu` backend under `torch_compile`"
+        else:
+            during = "as you made it"
+        lines.append(f"| {case.what} | {during} | {plan.reason} |")
+    return "\n".join(lines)
+
+
+_TABLES = {"training-batches": batch_table, "training-optimizers": optimizer_table}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block (``<!-- generated: NAME -->`` ... ``<!-- end: NAME -->``) re-rendered."""
+    for name, table in _TABLES.items():
+        pattern = re.compile(rf"(<!-- generated: {name} [^>]*-->\n)(.*?)(<!-- end: {name} -->)", re.S)
+        text = pattern.sub(lambda m, t=table: m.group(1) + t() + "\n" + m.group(3), text)
+    return text
+
+
+def update(path: str) -> bool:
+    """Rewrite the generated tables of the page at ``path``; returns whether it changed."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    new = render(text)
+    if new != text:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(new)
+    return new != text
+
+
+if __name__ == "__main__":  # pragma: no cover - a maintainer's command
+    for page in sys.argv[1:] or ["docs/training.md"]:
+        print(f"{page}: {'updated' if update(page) else 'up to date'}")
