@@ -5,16 +5,19 @@ The decisions (pure modules, no torch, no Transformers):
 - :mod:`.policy`: the device and the distributed set-up (process group, replica checks, DDP/FSDP),
   the compile backend, the optimizer adaptation;
 - :mod:`.buckets`: the static shapes of training batches (sequence ladder, padded rows, what is padded
-  with what).
+  with what);
+- :mod:`.multiprocess`: runs of several processes (gathers on ``tpu_dist``, the replica check at an
+  optimizer's first step).
 
 The public helpers (:mod:`.collator`): :class:`BucketCollator` (batches of static shapes) and
 :func:`warmup` (compile every bucket before training).
 
 The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` finds the TPU),
 ``patch_accelerate_dataclasses`` (``TorchDynamoPlugin(backend="tpu")``), ``patch_accelerate_prepare``
-(no unsynchronised replicas; the optimizer adapted), ``patch_torch_ddp`` (DDP of a TPU module),
-``patch_transformers_training_args`` (``torch_compile=True``) and ``patch_transformers_trainer``
-(bucketed data loaders, complete checkpoints). See ``docs/training.md``.
+(no unsynchronised replicas; the optimizer adapted), ``patch_accelerate_operations`` (gathers on
+``tpu_dist``), ``patch_torch_ddp`` (DDP of a TPU module), ``patch_torch_optimizer`` (no step of
+replicas nothing synchronises), ``patch_transformers_training_args`` (``torch_compile=True``) and
+``patch_transformers_trainer`` (bucketed data loaders, complete checkpoints). See ``docs/training.md``.
 """
 
 from __future__ import annotations
