@@ -14,9 +14,13 @@ Same command three ways::
 
 ``--nproc_per_node`` defaults to the chips attached to the host (``auto`` and ``tpu`` mean the same).
 Errors a user can cause (no script, a script or module that does not exist, no TPU backend, a
-process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``)
-end with one message saying what to do and a non-zero exit status before any worker starts, never a
-traceback. ``--help`` is torchrun's, with TPU wording for the options this command changes. See
+process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``,
+a host of a slice that does not know its index or is given another one, a rendezvous that numbers
+hosts by arrival) end with one message saying what to do and a non-zero exit status before any
+worker starts, never a traceback.
+
+On a slice of several hosts, each host is the node its ``NODE_RANK`` names (torchrun reads only
+``--node_rank``), and the hosts meet at the slice's first host (:func:`multi_host`). ``--help`` is torchrun's, with TPU wording for the options this command changes. See
 ``docs/launching.md``.
 """
 
@@ -284,7 +288,8 @@ def _tpu_module() -> Any:
 def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int, int]:
     """Check ``args`` (parsed torchrun options: the TPU, the process count, the hosts, then the
     script), fill in ``nproc_per_node`` and prepare the launch environment. Returns
-    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (nothing is prepared then)."""
+    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (no worker is started then). Fills in
+    ``node_rank``, ``master_addr`` and ``master_port`` for torchrun (:func:`multi_host`)."""
     import torch  # noqa: F401 - loads the TPU backend (torch.backends entry points)
 
     environ = os.environ if environ is None else environ
