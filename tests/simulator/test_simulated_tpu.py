@@ -372,7 +372,8 @@ _LAUNCH_VARS = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "TORCH
 
 @pytest.fixture
 def clean_launch_env(monkeypatch):
-    for var in _LAUNCH_VARS + ("TORCH_TPU_DEVICES_PER_HOST", "TORCH_TPU_HOST_INDEX"):
+    multi_host = ("TORCH_TPU_DEVICES_PER_HOST", "NODE_RANK", "JOB_COMPLETION_INDEX", "NNODES", "MASTER_ADDR", "MASTER_PORT")
+    for var in _LAUNCH_VARS + multi_host:
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -415,6 +416,23 @@ def test_set_tpu_launch_env_defaults_to_the_chip_count(sim, clean_launch_env):
     sim.configure(chips=8)
     torch.tpu.distributed.set_tpu_launch_env()
     assert os.environ["TORCH_TPU_TOPOLOGY"] == "2x4"
+
+
+def test_set_tpu_launch_env_on_several_hosts_needs_the_host_index(sim, clean_launch_env):
+    """A chip derives its host's index from its coordinates; the simulated one has none: without
+    NODE_RANK (or JOB_COMPLETION_INDEX) it refuses instead of making every host node 0."""
+    sim.configure(generation="v5p")
+    clean_launch_env.setenv("TPU_WORKER_HOSTNAMES", "w-0,w-1")
+    with pytest.raises(RuntimeError, match="set NODE_RANK"):
+        torch.tpu.distributed.set_tpu_launch_env(nnodes=2, nproc_per_node=4)
+    with pytest.raises(RuntimeError, match="list 3 hosts, got 2"):
+        torch.tpu.distributed.set_tpu_launch_env(nnodes=3, nproc_per_node=4)
+    clean_launch_env.setenv("JOB_COMPLETION_INDEX", "1")
+    torch.tpu.distributed.set_tpu_launch_env(nnodes=2, nproc_per_node=4)
+    assert {k: os.environ[k] for k in ("NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT", "TORCH_TPU_DEVICES_PER_HOST")} == {
+        "NODE_RANK": "1", "NNODES": "2", "MASTER_ADDR": "w-0", "MASTER_PORT": "29500", "TORCH_TPU_DEVICES_PER_HOST": "4",
+    }
+    assert os.environ["TORCH_TPU_SLICEBUILDER_ADDRESSES"] == "w-0:8471,w-1:8471"
 
 
 # --- torch.compile -------------------------------------------------------------------------------

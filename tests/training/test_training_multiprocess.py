@@ -1,16 +1,23 @@
-"""Training on 2 and 4 simulated chips under ``transformers-tpu launch``: plain Trainer code.
+"""Training on several simulated chips under ``transformers-tpu launch``: plain Trainer and Accelerate code.
 
-One launch per process count runs every scenario in ``tests/training/training_worker.py``; each rank writes
-what it saw. The one-process reference with the same global batch (4) runs in this process, on the
+One launch per process count (2 and 4 chips) runs every scenario in ``tests/training/training_worker.py``;
+each rank writes what it saw. Two launchers started as two hosts of one slice make a third world of
+4 ranks. The one-process references with the same global batch run in this process, on the
 simulated TPU. The generation is v5p (process counts 1, 2, 4, 8).
+
+The simulated ``tpu_dist`` group refuses the collectives torch_tpu's process group lacks (``reduce``,
+``allreduce_coalesced``, ``allgather_coalesced``), so DDP, FSDP2, evaluation and the gathers here run
+on what a chip offers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +32,7 @@ pytestmark = [pytest.mark.slow, _training.requires_trainer]
 WORKER = Path(__file__).with_name("training_worker.py")
 TOLERANCE = 1e-3
 GLOBAL_BATCH = 4
+EVAL_BATCH = 2  # per device: the one-process reference evaluates batches of the same rows
 SAVE = dict(max_steps=8, save_strategy="steps", save_steps=4)
 FSDP2 = hasattr(pytest.importorskip("accelerate.accelerator"), "fsdp2_prepare_model")
 
@@ -33,34 +41,55 @@ def _fsdp(version: int) -> dict:
     return {"fsdp": "full_shard", "fsdp_config": {"version": version, "transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"]}}
 
 
-def _launch(root: Path, nproc: int, scenarios: list[dict]) -> list[dict]:
-    spec = root / "spec.json"
-    spec.write_text(json.dumps({"out": str(root), "scenarios": scenarios}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSFORMERS_TPU_EXT_", "PET_", "TORCH_TPU_"))}
+    for name in ("NODE_RANK", "JOB_COMPLETION_INDEX", "TPU_WORKER_HOSTNAMES", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     env.update(
         TRANSFORMERS_TPU_EXT_SIMULATE="generation=v5p", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
     )
+    env.update(extra)
+    return env
+
+
+def _launch(root: Path, nproc: int, scenarios: list[dict]) -> list[dict]:
+    spec = root / "spec.json"
+    spec.write_text(json.dumps({"out": str(root), "scenarios": scenarios}))
     command = [sys.executable, "-m", "transformers_tpu_ext.launch", f"--nproc_per_node={nproc}", str(WORKER), str(spec)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=900, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((root / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 
+def _ok(result: dict) -> dict:
+    assert result.get("error") is None, result.get("trace", result.get("error"))
+    return result
+
+
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict[str, list[float]]:
-    """The same runs in one process with the whole global batch, on one simulated chip."""
+def one_process(tmp_path_factory) -> dict:
+    """The same runs in one process with the whole global batch, on one simulated chip; and
+    ``evaluate()`` / ``predict()`` with the per-device evaluation batch (one process:
+    ``average_tokens_across_devices`` changes nothing)."""
     from transformers_tpu_ext import testing
+    from transformers_tpu_ext.testing.tiny import tiny_lm_dataset
 
     testing.install()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         references = {}
-        for name, steps in (("ddp", _training.STEPS), ("fsdp2", 6)):
+        for name, steps in (("ddp", _training.STEPS), ("fsdp2", 6), ("ddp8", 8)):
             run = _training.trainer(str(tmp_path_factory.mktemp(name)), use_cpu=False, max_steps=steps)
             run.train()
             references[name] = _training.losses(run)
+        run = _training.trainer(
+            str(tmp_path_factory.mktemp("eval")), use_cpu=False, eval_data=tiny_lm_dataset(10, seed=5),
+            per_device_eval_batch_size=EVAL_BATCH,
+        )
+        references["eval_loss"] = run.evaluate()["eval_loss"]
+        references["predict_loss"] = run.predict(tiny_lm_dataset(10, seed=5)).metrics["test_loss"]
         return references
     finally:
         torch.set_num_threads(threads)
@@ -68,7 +97,7 @@ def one_process(tmp_path_factory) -> dict[str, list[float]]:
 
 
 def _check_ddp(ranks: list[dict], reference: list[float]) -> None:
-    for rank in ranks:
+    for rank in map(_ok, ranks):
         assert rank["device"] == rank["accelerator_device"] == "tpu:0" and rank["params_on_tpu"]
         assert (rank["distributed_type"], rank["backend"], rank["wrapper"]) == (
             "MULTI_GPU", "tpu_dist", "DistributedDataParallel",
@@ -80,15 +109,63 @@ def _check_ddp(ranks: list[dict], reference: list[float]) -> None:
 
 
 def _check_fsdp2(fsdp: list[dict], reference: list[float]) -> None:
-    assert all(r["distributed_type"] == "FSDP" and r["wrapper"].startswith("FSDP") for r in fsdp)
+    assert all(_ok(r)["distributed_type"] == "FSDP" and r["wrapper"].startswith("FSDP") for r in fsdp)
     assert len({r["digest"] for r in fsdp}) == 1
     assert _training.max_diff(fsdp[0]["losses"], reference) < TOLERANCE
 
 
-def test_two_chips_ddp_fsdp2_and_symmetric_saving(tmp_path, one_process):
+# -- evaluation and gathers (item 9), on 2 and 4 chips -------------------------------------------
+
+EVALUATION = [
+    {"name": "gather", "kind": "gather", "rows": 9, "batch_size": 2},
+    # Transformers' default: each rank's loss is scaled by the token count of the whole global batch,
+    # duplicated rows of the partial last batch included (upstream's own weighting, the same on any
+    # device): checked for running and agreeing across ranks only.
+    {"name": "evaluate", "kind": "evaluate", "settings": {"per_device_eval_batch_size": EVAL_BATCH}},
+    # Per-batch mean losses: exactly what one process evaluating the same batches reports.
+    {"name": "evaluate_local", "kind": "evaluate",
+     "settings": {"per_device_eval_batch_size": EVAL_BATCH, "average_tokens_across_devices": False}},
+]
+
+
+def _check_gather(ranks: list[dict]) -> None:
+    for rank in ranks:
+        result = _ok(rank["gather"])
+        assert (result["distributed_type"], result["backend"]) == ("MULTI_GPU", "tpu_dist")
+        # every rank sees every row once, in the loader's order; the duplicated rows of the partial
+        # last global batch are dropped (9 rows)
+        assert result["ids"] == result["expected_ids"]
+        assert result["index"] == [float(row[0]) for row in result["ids"]]
+        assert result["logits"] == [[[float(x), -float(x)] for x in row] for row in result["ids"]]
+
+
+def _check_evaluate(ranks: list[dict], reference: dict) -> None:
+    for name in ("evaluate", "evaluate_local"):
+        for rank in ranks:
+            result = _ok(rank[name])
+            assert result["world"] == len(ranks)
+            assert result["prediction_rows"] == result["label_rows"] == 10
+        assert len({(r[name]["eval_loss"], r[name]["predict_loss"]) for r in ranks}) == 1
+    local = ranks[0]["evaluate_local"]
+    assert abs(local["eval_loss"] - reference["eval_loss"]) < 1e-4
+    assert abs(local["predict_loss"] - reference["predict_loss"]) < 1e-4
+
+
+# -- replicas nothing synchronises (item 10) -------------------------------------------------------
+
+REPLICAS = [
+    {"name": "manual_model", "kind": "replicas"},
+    {"name": "manual_model_raw_optimizer", "kind": "replicas", "prepare_optimizer": False},
+    {"name": "prepared_model", "kind": "replicas", "prepare_model": True},
+]
+
+
+@pytest.fixture(scope="module")
+def two_chips(tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("two")
     per_device = GLOBAL_BATCH // 2
-    ranks = _launch(
-        tmp_path,
+    return root, _launch(
+        root,
         2,
         [
             {"name": "ddp", "settings": {"per_device_train_batch_size": per_device}},
@@ -97,8 +174,20 @@ def test_two_chips_ddp_fsdp2_and_symmetric_saving(tmp_path, one_process):
             {"name": "fsdp1", "settings": {"per_device_train_batch_size": per_device, **_fsdp(1)}, "expect_error": True},
             {"name": "save", "settings": {"per_device_train_batch_size": per_device, **SAVE}},
             {"name": "warmup", "settings": {"per_device_train_batch_size": per_device}, "warmup": 120},
+            *EVALUATION,
+            *REPLICAS,
         ],
     )
+
+
+@pytest.fixture(scope="module")
+def four_chips(tmp_path_factory) -> list[dict]:
+    root = tmp_path_factory.mktemp("four")
+    return _launch(root, 4, [{"name": "ddp", "settings": {"per_device_train_batch_size": GLOBAL_BATCH // 4}}, *EVALUATION])
+
+
+def test_two_chips_ddp_fsdp2_and_symmetric_saving(two_chips, one_process):
+    root, ranks = two_chips
     _check_ddp([r["ddp"] for r in ranks], one_process["ddp"])
     # warmup() on every rank: the DDP run compiles nothing during training and its losses are unchanged
     _check_ddp([r["warmup"] for r in ranks], one_process["ddp"])
@@ -114,11 +203,167 @@ def test_two_chips_ddp_fsdp2_and_symmetric_saving(tmp_path, one_process):
     assert saving[0]["losses"] == saving[1]["losses"] and len(saving[0]["losses"]) == SAVE["max_steps"]
     assert saving[0]["synchronizations"] == saving[1]["synchronizations"] >= 2 * 2  # 2 checkpoints
     for step in (4, 8):
-        assert {p.name for p in (tmp_path / "save" / f"checkpoint-{step}").glob("tpu_state_*.pth")} == {
-            "tpu_state_0.pth", "tpu_state_1.pth",
-        }
+        checkpoint = root / "save" / f"checkpoint-{step}"
+        assert {p.name for p in checkpoint.glob("tpu_state_*.pth")} == {"tpu_state_0.pth", "tpu_state_1.pth"}
+        assert {p.name for p in checkpoint.glob("tpu_buckets_*.json")} == {"tpu_buckets_0.json", "tpu_buckets_1.json"}
 
 
-def test_four_chips_ddp(tmp_path, one_process):
-    ranks = _launch(tmp_path, 4, [{"name": "ddp", "settings": {"per_device_train_batch_size": GLOBAL_BATCH // 4}}])
-    _check_ddp([r["ddp"] for r in ranks], one_process["ddp"])
+def test_four_chips_ddp(four_chips, one_process):
+    _check_ddp([r["ddp"] for r in four_chips], one_process["ddp"])
+
+
+def test_gather_for_metrics_of_2d_and_3d_tensors_on_two_chips(two_chips):
+    _check_gather(two_chips[1])
+
+
+def test_gather_for_metrics_of_2d_and_3d_tensors_on_four_chips(four_chips):
+    _check_gather(four_chips)
+
+
+def test_trainer_evaluate_and_predict_on_two_chips_match_one_process(two_chips, one_process):
+    _check_evaluate(two_chips[1], one_process)
+
+
+def test_trainer_evaluate_and_predict_on_four_chips_match_one_process(four_chips, one_process):
+    _check_evaluate(four_chips, one_process)
+
+
+@pytest.mark.parametrize("scenario", ["manual_model", "manual_model_raw_optimizer"])
+def test_a_model_moved_by_hand_never_trains_diverging_replicas(two_chips, scenario):
+    """Only the optimizer and the loader (or only the loader) prepared: refused before the first
+    update, on every rank, with what to do; the replicas never differ."""
+    results = [rank[scenario] for rank in two_chips[1]]
+    assert all(r["error"] and "unsynchronised replicas" in r["error"] and "prepare" in r["error"] for r in results), [
+        r.get("trace", r["error"]) for r in results
+    ]
+    assert all(r["steps"] == 0 for r in results)
+    assert len({r["digest"] for r in results}) == 1
+
+
+def test_a_prepared_model_trains_identical_replicas(two_chips):
+    """The control: ``prepare(model, optimizer, loader)`` trains without a refusal."""
+    results = [rank["prepared_model"] for rank in two_chips[1]]
+    assert all(r["error"] is None and r["steps"] == 3 for r in results), [r.get("trace", r["error"]) for r in results]
+    assert len({r["digest"] for r in results}) == 1
+
+
+# -- two hosts ---------------------------------------------------------------------------------------
+
+HOSTS, PER_HOST = 2, 2
+WORLD = HOSTS * PER_HOST
+DDP_STEPS, FSDP_STEPS = 8, 6
+TWO_HOSTS = [
+    {"name": "ddp", "output_dir": "ddp",
+     "settings": {"per_device_train_batch_size": GLOBAL_BATCH // WORLD, "max_steps": DDP_STEPS,
+                  "save_strategy": "steps", "save_steps": DDP_STEPS // 2}},
+    *([{"name": "fsdp2", "output_dir": "fsdp2",
+        "settings": {"per_device_train_batch_size": GLOBAL_BATCH // WORLD, "max_steps": FSDP_STEPS, **_fsdp(2)}}]
+      if FSDP2 else []),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_two_hosts(root: Path, timeout: float = 1500) -> list[dict]:
+    """The same command on both hosts but for ``NODE_RANK``, each in its own directory (its local
+    disk), with its own simulated chips, ``TPU_WORKER_HOSTNAMES`` listing both; the rendezvous on
+    127.0.0.1. A launcher that fails makes this stop the other (it would wait for its peer until
+    the rendezvous times out)."""
+    spec = root / "spec.json"
+    spec.write_text(json.dumps({"out": str(root), "scenarios": TWO_HOSTS}))
+    port = _free_port()
+    procs = []
+    for node in range(HOSTS):
+        host_dir = root / f"host{node}"
+        host_dir.mkdir()
+        env = _env(
+            TRANSFORMERS_TPU_EXT_SIMULATE="chips=4,generation=v5p", TPU_WORKER_HOSTNAMES="127.0.0.1,localhost",
+            NODE_RANK=str(node),
+        )
+        command = [
+            sys.executable, "-m", "transformers_tpu_ext.launch", f"--nnodes={HOSTS}", f"--nproc_per_node={PER_HOST}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", str(WORKER), str(spec),
+        ]
+        procs.append(subprocess.Popen(command, cwd=host_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * HOSTS, "\n".join(f"host{i} exit {c}:\n{o[-4000:]}" for i, (c, o) in enumerate(zip(codes, outputs)))
+    return [json.loads((root / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory) -> tuple[Path, list[dict] | AssertionError]:
+    """The two-host launch, once for the module; a failed launch fails each test (not an error)."""
+    root = tmp_path_factory.mktemp("two_hosts")
+    try:
+        return root, _launch_two_hosts(root)
+    except AssertionError as failure:
+        return root, failure
+
+
+def _hosts(two_hosts) -> tuple[Path, list[dict]]:
+    root, ranks = two_hosts
+    assert not isinstance(ranks, AssertionError), f"the two-host launch failed: {ranks}"
+    return root, ranks
+
+
+def test_two_hosts_make_one_world_of_four_ranks(two_hosts):
+    _, ranks = _hosts(two_hosts)
+    assert [r["world_size"] for r in ranks] == [WORLD] * WORLD
+    ddp = [_ok(r["ddp"]) for r in ranks]
+    assert [r["process_index"] for r in ddp] == list(range(WORLD))
+    # the host a rank runs on is the one its NODE_RANK names (ranks 0-1 on host 0, 2-3 on host 1)
+    assert [r["node_rank"] for r in ddp] == [str(rank // PER_HOST) for rank in range(WORLD)]
+
+
+def test_two_hosts_ddp_matches_one_process_with_identical_replicas(two_hosts, one_process):
+    _, ranks = _hosts(two_hosts)
+    _check_ddp([r["ddp"] for r in ranks], one_process["ddp8"])
+
+
+@pytest.mark.skipif(not FSDP2, reason="FSDP2 needs Accelerate >= 1.6")
+def test_two_hosts_fsdp2_matches_one_process_with_identical_parameters(two_hosts, one_process):
+    _, ranks = _hosts(two_hosts)
+    _check_fsdp2([r["fsdp2"] for r in ranks], one_process["fsdp2"])
+
+
+def test_a_two_host_checkpoint_resumes_on_one_host(two_hosts, tmp_path):
+    """Host 0's disk holds the checkpoint the main process wrote (host 1's only its ranks' random
+    states); a one-process run with the global batch resumes it and continues the two-host run's
+    losses."""
+    root, ranks = _hosts(two_hosts)
+    step = DDP_STEPS // 2
+    checkpoint = root / "host0" / "ddp" / f"checkpoint-{step}"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()
+    assert {p.name for p in (root / "host1" / "ddp" / f"checkpoint-{step}").glob("tpu_*")} == {
+        "tpu_state_2.pth", "tpu_state_3.pth", "tpu_buckets_2.json", "tpu_buckets_3.json",
+    }
+    from transformers_tpu_ext import testing
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    testing.install()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        resumed = _training.trainer(str(tmp_path / "resumed"), use_cpu=False, model=tiny_model("qwen3", seed=1),
+                                    max_steps=DDP_STEPS, per_device_train_batch_size=GLOBAL_BATCH)
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+        assert len(_training.losses(resumed)) == DDP_STEPS  # the checkpoint's log history, then its own
+        assert _training.max_diff(_training.losses(resumed)[step:], ranks[0]["ddp"]["losses"][step:]) < TOLERANCE
+    finally:
+        torch.set_num_threads(threads)
+        _training.reset_accelerate()

@@ -14,9 +14,13 @@ Same command three ways::
 
 ``--nproc_per_node`` defaults to the chips attached to the host (``auto`` and ``tpu`` mean the same).
 Errors a user can cause (no script, a script or module that does not exist, no TPU backend, a
-process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``)
-end with one message saying what to do and a non-zero exit status before any worker starts, never a
-traceback. ``--help`` is torchrun's, with TPU wording for the options this command changes. See
+process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``,
+a host of a slice that does not know its index or is given another one, a rendezvous that numbers
+hosts by arrival) end with one message saying what to do and a non-zero exit status before any
+worker starts, never a traceback.
+
+On a slice of several hosts, each host is the node its ``NODE_RANK`` names (torchrun reads only
+``--node_rank``), and the hosts meet at the slice's first host (:func:`multi_host`). ``--help`` is torchrun's, with TPU wording for the options this command changes. See
 ``docs/launching.md``.
 """
 
@@ -42,6 +46,8 @@ _DESCRIPTION = (
     "workers. Takes torchrun's options; --nproc_per_node defaults to the chips on this host."
 )
 _CHIP_WORDS = {"auto", backend.DEVICE_TYPE}
+#: torchrun's defaults of the rendezvous options :func:`_parser` leaves unset (read from its parser).
+_TORCHRUN_DEFAULTS: dict[str, Any] = {"node_rank": 0, "master_addr": "127.0.0.1", "master_port": None}
 
 
 class LaunchError(Exception):
@@ -82,9 +88,13 @@ def _parser() -> Any:
         if action.dest in _TPU_HELP:
             action.help = _TPU_HELP[action.dest]
     parser.error = _usage_error  # type: ignore[method-assign]
-    # Tell "not given" apart from torchrun's default of 1 (PET_NPROC_PER_NODE still counts as given).
-    if "PET_NPROC_PER_NODE" not in os.environ:
-        parser.set_defaults(nproc_per_node=None)
+    # Tell "not given" apart from torchrun's defaults (its PET_* variables still count as given);
+    # prepare() fills in what is left unset.
+    for dest in ("nproc_per_node", *_TORCHRUN_DEFAULTS):
+        if dest in _TORCHRUN_DEFAULTS:
+            _TORCHRUN_DEFAULTS[dest] = parser.get_default(dest)
+        if f"PET_{dest.upper()}" not in os.environ:
+            parser.set_defaults(**{dest: None})
     return parser
 
 
@@ -185,6 +195,92 @@ def _check_hosts(nnodes: int, environ: dict[str, str]) -> None:
         )
 
 
+#: Where a TPU VM says which host of the slice it is (torch_tpu's ``set_tpu_launch_env`` sets the
+#: first from the chip coordinates; Kubernetes indexed jobs set the second).
+HOST_INDEX_ENV = ("NODE_RANK", "JOB_COMPLETION_INDEX")
+
+
+def _hosts(environ: dict[str, str]) -> list[str]:
+    return [h.strip() for h in environ.get(HOSTNAMES_ENV, "").split(",") if h.strip()]
+
+
+def check_rendezvous(nnodes: int, *, rdzv_backend: str | None, standalone: bool) -> None:
+    """Raise :class:`LaunchError` for a rendezvous that cannot give a TPU slice's hosts their ranks.
+
+    Several hosts must be node ``i`` where the slice says host ``i`` is: torchrun's static
+    rendezvous (``--node_rank``, ``--master_addr``, ``--master_port``) does that; a dynamic one
+    (``--rdzv_backend=c10d``, ``--standalone``) numbers the hosts in the order they arrive.
+    """
+    if nnodes <= 1:
+        return
+    if standalone:
+        raise LaunchError(
+            f"--standalone starts a rendezvous on this host alone, but --nnodes={nnodes} spans several hosts: "
+            "drop --standalone (the hosts meet at --master_addr/--master_port, the first host of "
+            f"{HOSTNAMES_ENV} by default)."
+        )
+    if (rdzv_backend or "static") != "static":
+        raise LaunchError(
+            f"--rdzv_backend={rdzv_backend} numbers the hosts in the order they arrive, but on a TPU slice host i "
+            f"must be node i (its chips are the slice's i-th): drop --rdzv_backend and let each "
+            "host take its rank from NODE_RANK (the static rendezvous at --master_addr/--master_port)."
+        )
+
+
+def multi_host(
+    nnodes: int, *, node_rank: int | None, master_addr: str | None, master_port: int | None, environ: dict[str, str]
+) -> tuple[int, str | None, int | None]:
+    """``(node_rank, master_addr, master_port)`` for torchrun on one host of a slice of ``nnodes``.
+
+    ``node_rank``, ``master_addr`` and ``master_port`` are what the user passed (``None``: not
+    given); ``environ`` is the environment after ``set_tpu_launch_env``. The node rank is the host
+    index the TPU environment names (``NODE_RANK``, else ``JOB_COMPLETION_INDEX``); a ``--node_rank``
+    that disagrees with it, or neither, is a :class:`LaunchError`. The master address defaults to
+    ``MASTER_ADDR``, else the first host of ``TPU_WORKER_HOSTNAMES`` (torchrun's 127.0.0.1 is another
+    machine on every other host); the port to ``MASTER_PORT``, else torchrun's default (``None``).
+    With one host, torchrun's defaults.
+    """
+    default = _TORCHRUN_DEFAULTS
+    if nnodes <= 1:
+        return (
+            default["node_rank"] if node_rank is None else node_rank,
+            default["master_addr"] if master_addr is None else master_addr,
+            default["master_port"] if master_port is None else master_port,
+        )
+    source = next((name for name in HOST_INDEX_ENV if str(environ.get(name, "")).strip()), None)
+    if source is None and node_rank is None:
+        raise LaunchError(
+            f"--nnodes={nnodes} needs this host's index in the slice: set NODE_RANK (0 to {nnodes - 1}, the "
+            f"position of this host in {HOSTNAMES_ENV}) on every host; on a TPU VM "
+            "torch.tpu.distributed.set_tpu_launch_env() sets it."
+        )
+    if source is not None:
+        raw = str(environ[source]).strip()
+        try:
+            index = int(raw)
+        except ValueError:
+            raise LaunchError(f"{source}={raw!r} is not a host index: set it to a number from 0 to {nnodes - 1}.") from None
+        if node_rank is not None and int(node_rank) != index:
+            raise LaunchError(
+                f"--node_rank={node_rank} disagrees with {source}={index}, this host's index in the TPU slice: "
+                f"drop --node_rank (the launcher takes it from {source}) or fix {source}."
+            )
+        node_rank, what = index, f"{source}={index}"
+    else:
+        what = f"--node_rank={node_rank}"
+    if not 0 <= int(node_rank) < nnodes:
+        raise LaunchError(f"{what} is not a host of --nnodes={nnodes}: pass a number from 0 to {nnodes - 1}.")
+    if master_addr is None:
+        master_addr = str(environ.get("MASTER_ADDR", "")).strip() or _hosts(environ)[0]
+    if master_port is None and str(environ.get("MASTER_PORT", "")).strip():
+        raw = str(environ["MASTER_PORT"]).strip()
+        try:
+            master_port = int(raw)
+        except ValueError:
+            raise LaunchError(f"MASTER_PORT={raw!r} is not a port number.") from None
+    return int(node_rank), master_addr, default["master_port"] if master_port is None else master_port
+
+
 def _tpu_module() -> Any:
     return getattr(sys.modules["torch"], "tpu")
 
@@ -192,7 +288,8 @@ def _tpu_module() -> Any:
 def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int, int]:
     """Check ``args`` (parsed torchrun options: the TPU, the process count, the hosts, then the
     script), fill in ``nproc_per_node`` and prepare the launch environment. Returns
-    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (nothing is prepared then)."""
+    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (no worker is started then). Fills in
+    ``node_rank``, ``master_addr`` and ``master_port`` for torchrun (:func:`multi_host`)."""
     import torch  # noqa: F401 - loads the TPU backend (torch.backends entry points)
 
     environ = os.environ if environ is None else environ
@@ -237,6 +334,9 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
 
     nnodes = _nnodes(args.nnodes)
     _check_hosts(nnodes, environ)
+    check_rendezvous(
+        nnodes, rdzv_backend=getattr(args, "rdzv_backend", None), standalone=bool(getattr(args, "standalone", False))
+    )
     if getattr(args, "training_script", None) is not None:
         check_script(args)
 
@@ -254,6 +354,10 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
             f"on {name}: {error}",
             exit_code=1,
         ) from None
+    args.node_rank, args.master_addr, args.master_port = multi_host(
+        nnodes, node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
+        master_port=getattr(args, "master_port", None), environ=environ,
+    )
     args.nproc_per_node = str(nproc)
     args.nnodes = str(nnodes)
     return nnodes, nproc

@@ -17,7 +17,9 @@ Importing this module imports torch; it registers nothing until :func:`register`
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -41,6 +43,7 @@ class _State:
         self.h2d_bytes = 0
         self.d2h_bytes = 0
         self.generator = torch.Generator(device="cpu")
+        self.handles_issued = False  # a device storage was handed out (writes must renew handles)
 
     def reset(self) -> None:
         self.seen = set()
@@ -61,12 +64,22 @@ def _fake_mode_active() -> bool:
 
 
 class _OpInfo:
-    __slots__ = ("counted", "mutable", "generator", "mixed_ok", "special")
+    __slots__ = ("counted", "mutable", "generator", "mixed_ok", "special", "written", "refused")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
         name = schema.name
         self.mutable = bool(schema.is_mutable)
+        # Arguments the operator writes in place: their device memory gets a new handle (see
+        # ``_device_storage``). c10d's collectives write their tensors in place without saying so.
+        collective = name.startswith("c10d::")
+        self.written = tuple(
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if (a.alias_info is not None and a.alias_info.is_write) or (collective and "Tensor" in str(a.type))
+        )
+        # What torch_tpu's ProcessGroupTpu does not implement (internals Q7).
+        self.refused = _REFUSED_COLLECTIVES.get(name)
         self.generator = any(a.name == "generator" for a in schema.arguments)
         # Views, aliases and transfers compile no program on the device.
         self.counted = not (
@@ -102,6 +115,17 @@ _MIXED_OK = {
     _aten.set_.source_Tensor,
     _aten.is_same_size.default,
     _aten.lift_fresh.default,
+}
+
+#: c10d operators ProcessGroupTpu lacks, with the error c10d's ``Backend`` base class raises for them.
+_REFUSED_COLLECTIVES = {
+    f"c10d::{op}": f"Backend tpu_dist does not support {what}"
+    for op, what in (
+        ("reduce_", "reduce"),
+        ("allreduce_coalesced_", "allreduce_coalesced"),
+        ("allgather_coalesced_", "allgather_coalesced"),
+        ("recv_any_source_", "recvAnysource"),
+    )
 }
 
 _INFO: dict[Any, _OpInfo] = {}
@@ -156,18 +180,24 @@ class TpuTensor(torch.Tensor):
             body = body[:-1] + f", device='{self.device}')"
         return body
 
-    # Device memory is the CPU tensor's: tied/shared tensors report the same storage and
-    # pointer to user code (Transformers' save_pretrained and safetensors find shared tensors
-    # this way). PyTorch's own machinery (deepcopy, TorchDynamo's fakeification) keeps seeing
-    # the wrapper's own, empty storage.
+    # What code outside torch sees of device memory is what torch_tpu shows (internals Q1): a real
+    # storage on ``tpu`` whose data pointer is an opaque handle (a DeviceBufferRef* there), the same
+    # for every tensor that shares the memory, and new after every in-place write. Nothing can be
+    # read through it; torch's own paths (``storage.cpu()``, ``torch.save``) go through the
+    # simulator's ``set_``/``copy_``. PyTorch's own machinery (deepcopy, TorchDynamo's
+    # fakeification) keeps seeing the wrapper's own, empty storage; FSDP2 gets the data's storage,
+    # which it resizes.
     def untyped_storage(self) -> Any:
-        if _user_caller(self) or _fsdp_caller(self):
+        if _user_caller(self):
+            return _device_storage(self._cpu.untyped_storage())
+        if _fsdp_caller(self):
             return self._cpu.untyped_storage()
         return torch.Tensor.untyped_storage(self)
 
     def data_ptr(self) -> int:
         if _user_caller(self):
-            return self._cpu.data_ptr()
+            inner = self._cpu
+            return _device_storage(inner.untyped_storage()).data_ptr() + inner.storage_offset() * inner.element_size()
         return torch.Tensor.data_ptr(self)
 
     def tolist(self) -> Any:  # a device tensor's tolist() copies to the host
@@ -182,13 +212,19 @@ class TpuTensor(torch.Tensor):
         return self.cpu().numpy()
 
     def __reduce_ex__(self, proto: int) -> Any:
-        """Pickle (``torch.save``) as a plain tensor of a storage-less device, as torch_tpu's are: the
-        host copy and ``"tpu:0"``, rebuilt by ``_rebuild_device_tensor_from_cpu_tensor``, which
-        ``torch.load(weights_only=True)`` allows and which honours ``map_location``."""
-        return (
-            torch._utils._rebuild_device_tensor_from_cpu_tensor,
-            (self._cpu.detach().clone(), self.dtype, str(self.device), self.requires_grad),
-        )
+        """Pickle (``torch.save``) as torch pickles a tensor with a device storage, which is what a
+        torch_tpu tensor is: ``_rebuild_tensor_v2`` of its storage (location ``tpu:0``), whose bytes
+        ``torch.save`` reads with ``storage.cpu()``. (The wrapper's own storage is empty, so
+        torch's ``Tensor.__reduce_ex__`` cannot be used as is.)"""
+        from collections import OrderedDict
+
+        inner = self._cpu
+        storage = _device_storage(inner.untyped_storage())
+        args_tail = (inner.storage_offset(), tuple(inner.size()), inner.stride(), self.requires_grad, OrderedDict())
+        if self.dtype in torch.storage._new_dtypes():
+            return (torch._utils._rebuild_tensor_v3, (storage, *args_tail, self.dtype))
+        typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=self.dtype, _internal=True)
+        return (torch._utils._rebuild_tensor_v2, (typed, *args_tail))
 
     # TorchDynamo / AOTAutograd see through the wrapper.
     def __tensor_flatten__(self) -> tuple[list[str], None]:
@@ -222,6 +258,67 @@ def _fsdp_caller(t: TpuTensor) -> bool:
     if type(t._cpu) is not torch.Tensor or _get_mode(_FAKE) is not None:
         return False
     return sys._getframe(2).f_globals.get("__name__", "").startswith(_STORAGE_RESIZERS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device memory as torch_tpu shows it: storages whose data pointer is an opaque handle.
+
+#: Handles are non-canonical addresses (reading through one faults instead of finding host data),
+#: 4 GiB apart so that ``handle + offset`` of one storage never reaches the next; all below 2**63.
+_HANDLE_BASE = 0x5450_0000_0000_0000
+_HANDLE_STRIDE = 1 << 32
+_HANDLE_SLOTS = 1 << 28
+_handles = itertools.count(1)
+_HANDLE = "_tpu_handle"  # on a host storage: the handle of its memory until the next write
+_DEVICE_STORAGE = "_tpu_device_storage"  # on a host storage: weakref to the device storage showing it
+_HOST = "_tpu_host"  # on a device storage: the host storage that holds its data
+
+
+def _device_storage(host: Any) -> Any:
+    """The ``tpu`` storage user code sees for the host storage ``host``: its data pointer is a handle
+    that stays the same until the next in-place write to that memory, then is a new one. (Attributes
+    live on the storages' Python objects, which PyTorch keeps as long as the storage lives.)"""
+    handle = getattr(host, _HANDLE, None)
+    ref = getattr(host, _DEVICE_STORAGE, None)
+    storage = ref() if ref is not None and handle is not None else None
+    if storage is None:
+        if handle is None:
+            STATE.handles_issued = True
+            handle = _HANDLE_BASE + (next(_handles) % _HANDLE_SLOTS) * _HANDLE_STRIDE
+            setattr(host, _HANDLE, handle)
+        storage = torch._C._construct_storage_from_data_pointer(handle, STATE.device, host.nbytes())
+        setattr(storage, _HOST, host)
+        setattr(host, _DEVICE_STORAGE, weakref.ref(storage))
+    return storage
+
+
+def _host_storage(storage: Any) -> Any:
+    """The host storage behind a device storage from :func:`_device_storage`, or ``None``."""
+    return getattr(storage, _HOST, None)
+
+
+def _written(tensor: Any) -> None:
+    """``tensor`` (a TpuTensor) was written in place: its memory gets a new handle."""
+    inner = tensor._cpu
+    if type(inner) is torch.Tensor:
+        host = inner.untyped_storage()
+        if getattr(host, _HANDLE, None) is not None:
+            setattr(host, _HANDLE, None)
+
+
+def _mark_written(info: _OpInfo, args: tuple, kwargs: dict) -> None:
+    for index, name in info.written:
+        value = args[index] if index < len(args) else kwargs.get(name)
+        if isinstance(value, TpuTensor):
+            _written(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, TpuTensor):
+                    _written(item)
+                elif isinstance(item, (list, tuple)):
+                    for x in item:
+                        if isinstance(x, TpuTensor):
+                            _written(x)
 
 
 def _is_tpu_wrapper(x: Any) -> bool:
@@ -260,9 +357,12 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         info = _info(func)
     if info.special is not None:
         return info.special(args, kwargs)
+    if info.refused is not None:
+        raise RuntimeError(info.refused)
     tracing = _get_mode(_FAKE) is not None
     sig: list[Any] | None = [func] if (info.counted and not tracing and not STATE.in_graph) else None
     back: dict[int, Any] | None = {} if info.mutable else None
+    given_kwargs = kwargs
 
     new_args = []
     for a in args:
@@ -286,6 +386,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         kwargs["generator"] = STATE.generator
 
     out = func(*new_args, **kwargs)
+    if info.written and STATE.handles_issued:
+        _mark_written(info, args, given_kwargs)
 
     if sig is not None:
         key = tuple(sig)
@@ -388,6 +490,8 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
         elif src_tpu and not dst_tpu:
             STATE.d2h_bytes += d.numel() * d.element_size()
     d.copy_(s, non_blocking)
+    if dst_tpu and STATE.handles_issued:
+        _written(dst)
     return dst
 
 
@@ -414,6 +518,41 @@ def _to_copy(args: tuple, kwargs: dict) -> Any:
     if not _fake_mode_active() and type(out) is torch.Tensor:
         STATE.d2h_bytes += out.numel() * out.element_size()
     return out
+
+
+def _set_storage(func: Any) -> Any:
+    """``set_`` of a tpu tensor onto a device storage (torch_tpu registers ``set_.source_Storage``):
+    how torch's own storage paths reach device memory. ``storage.cpu()`` (behind ``torch.save``) is
+    ``empty(0, device=tpu).set_(storage)`` then a copy; ``torch.load`` rebuilds each tensor with
+    ``empty(0, device=tpu).set_(storage, offset, size, stride)``."""
+
+    def handler(args: tuple, kwargs: dict) -> Any:
+        self = args[0]
+        source = args[1] if len(args) > 1 else kwargs.get("source")
+        host = _host_storage(source)
+        if host is None or not _is_tpu_wrapper(self):
+            return _run_generic(func, args, kwargs)
+        dtype = self.dtype
+        if len(args) > 2 or "storage_offset" in kwargs:
+            offset = args[2] if len(args) > 2 else kwargs["storage_offset"]
+            size = args[3] if len(args) > 3 else kwargs["size"]
+            stride = args[4] if len(args) > 4 else kwargs.get("stride", ())
+        else:
+            offset, size, stride = 0, (host.nbytes() // dtype.itemsize,), ()
+        inner = torch.empty(0, dtype=dtype)
+        inner = inner.set_(host, offset, size, stride) if stride else inner.set_(host, offset, size)
+        # The wrapper takes the new shape on an empty storage large enough for it.
+        shell = torch.Tensor._make_wrapper_subclass(TpuTensor, (host.nbytes(),), dtype=torch.uint8, device=STATE.device)
+        _aten.set_.source_Storage_storage_offset.redispatch(
+            _META_KEYS, self, torch.Tensor.untyped_storage(shell), inner.storage_offset(), inner.size(), inner.stride()
+        )
+        self._cpu = inner
+        return self
+
+    return handler
+
+
+_META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,6 +597,8 @@ _SPECIAL.update(
         _aten.copy_.default: _copy_,
         _aten._to_copy.default: _to_copy,
         _aten._local_scalar_dense.default: _local_scalar_dense,
+        _aten.set_.source_Storage: _set_storage(_aten.set_.source_Storage),
+        _aten.set_.source_Storage_storage_offset: _set_storage(_aten.set_.source_Storage_storage_offset),
     }
 )
 

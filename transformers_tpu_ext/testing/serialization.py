@@ -1,14 +1,14 @@
-"""Saving and loading tpu tensors on the simulated TPU (``torch.save`` / ``torch.load``).
+"""Saving and loading tpu tensors on the simulated TPU (``torch.save`` / ``torch.load``), as torch_tpu does.
 
-A tensor of torch_tpu has no storage PyTorch can see: ``torch.save`` writes its host copy and the
-device name, and ``torch.load`` rebuilds it with ``_rebuild_device_tensor_from_cpu_tensor``, which
-``weights_only=True`` allows and which honours ``map_location``. ``TpuTensor.__reduce_ex__`` does
-the same. What a Python backend cannot do is create a *storage* on the device, which
-``torch.load(..., map_location="tpu")`` asks for every storage of the file (the host copies
-included; PyTorch would segfault): the simulator's deserializer keeps such storages on the host.
-A tensor saved from the TPU is then rebuilt on the TPU; a tensor saved from the CPU and loaded with
-``map_location="tpu"`` stays on the CPU (on a real TPU it would move; code that uses it with TPU
-tensors, like an optimizer's ``load_state_dict``, moves it anyway).
+A torch_tpu tensor has a real storage on ``tpu`` whose data pointer is an opaque handle
+(internals Q1), and torch_tpu adds no serialization hooks: ``torch.save`` writes each storage with
+location ``tpu:0`` and reads its bytes with ``storage.cpu()``; ``torch.load`` restores a ``tpu``
+location with ``storage.to("tpu")`` and rebuilds each tensor with ``set_``. ``TpuTensor.__reduce_ex__``
+hands torch the device storage (``device._device_storage``), and the simulator's ``set_`` reads it.
+What a Python backend cannot do is allocate a storage on the device (``storage.to("tpu")`` would):
+the simulator's deserializer turns the host copy torch read from the file into a device storage
+over it instead. ``map_location`` is honoured both ways: ``"cpu"`` gives host tensors, ``"tpu"``
+puts tensors saved from the CPU on the TPU.
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ def _no_tag(obj: Any) -> None:
     return None
 
 
-def _keep_on_host(obj: Any, location: str) -> Any:
+def _to_device(obj: Any, location: str) -> Any:
     if isinstance(location, str) and location.split(":", 1)[0] == "tpu":
+        from .device import _device_storage
+
+        if obj.device.type == "cpu":
+            return _device_storage(obj)
         return obj
     return None
 
@@ -40,5 +44,5 @@ def register() -> None:
         return
     import torch.serialization
 
-    torch.serialization.register_package(_PRIORITY, _no_tag, _keep_on_host)
+    torch.serialization.register_package(_PRIORITY, _no_tag, _to_device)
     _registered = True

@@ -18,6 +18,7 @@ __all__ = [
 ]
 
 _SLICEBUILDER_PORT = 8471
+_MASTER_PORT = 29500  # torch_tpu's default (internals Q6)
 
 
 def _free_port() -> int:
@@ -31,6 +32,12 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
 
     ``nproc_per_node`` defaults to the number of attached chips. Raises
     ``RuntimeError: No TPU topology found for count: N`` for a count the generation lacks.
+
+    With ``nnodes > 1`` (a slice of several hosts): ``TPU_WORKER_HOSTNAMES`` must list ``nnodes``
+    hosts. torch_tpu derives this host's index from its chips' coordinates; the simulated chips have
+    none, so it is read from ``NODE_RANK`` (else ``JOB_COMPLETION_INDEX``), and a missing index is
+    refused. Sets ``NODE_RANK``, ``NNODES``, ``MASTER_ADDR`` (the first host), ``MASTER_PORT``
+    (29500), ``TORCH_TPU_DEVICES_PER_HOST`` and the slice builder addresses of every host.
     """
     from .instance import simulated_tpu
 
@@ -51,10 +58,18 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
                 f"nnodes={nodes} needs TPU_WORKER_HOSTNAMES to list {nodes} hosts, "
                 f"got {len(hosts)}: {env.get('TPU_WORKER_HOSTNAMES', '')!r}"
             )
+        index = next((env[name].strip() for name in ("NODE_RANK", "JOB_COMPLETION_INDEX") if env.get(name, "").strip()), None)
+        if index is None:
+            raise RuntimeError(
+                "the simulated TPU cannot tell which host of the slice this is (a chip derives it from its "
+                "coordinates): set NODE_RANK (or JOB_COMPLETION_INDEX) to this host's index in TPU_WORKER_HOSTNAMES"
+            )
         addresses = ",".join(f"{h}:{_SLICEBUILDER_PORT}" for h in hosts)
-        rank = env.get("NODE_RANK", env.get("JOB_COMPLETION_INDEX", "0"))
+        env.setdefault("NODE_RANK", index)
+        env.setdefault("NNODES", str(nodes))
+        env.setdefault("MASTER_ADDR", hosts[0])
+        env.setdefault("MASTER_PORT", str(_MASTER_PORT))
         env.setdefault("TORCH_TPU_DEVICES_PER_HOST", str(count))
-        env.setdefault("TORCH_TPU_HOST_INDEX", str(rank))
     else:
         addresses = f"localhost:{_free_port()}"
     env.setdefault("TORCH_TPU_SLICEBUILDER_ADDRESSES", addresses)

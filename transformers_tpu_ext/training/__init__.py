@@ -6,7 +6,9 @@ The decisions (pure modules, no torch, no Transformers):
   the compile backend, which optimizer steps are adapted (``optimizer_plan``);
 - :mod:`.buckets`: the static shapes of training batches (sequence ladder, padded rows, what is padded
   with what, and which batches are left alone: ``plan_batch``);
-- :mod:`.paths`: the tables of docs/training.md, rendered from those two predicates.
+- :mod:`.multiprocess`: runs of several processes (gathers on ``tpu_dist``, the replica check at an
+  optimizer's first step);
+- :mod:`.paths`: the tables of docs/training.md, rendered from the predicates.
 
 The runtime: :mod:`.facts` reads the predicates' plain facts off models, collators and Trainers;
 :mod:`.optimizer` runs an optimizer's step as its plan says. The public helpers (:mod:`.collator`):
@@ -15,9 +17,11 @@ padded batch was) and :func:`warmup` (compile every bucket before training).
 
 The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` finds the TPU),
 ``patch_accelerate_dataclasses`` (``TorchDynamoPlugin(backend="tpu")``), ``patch_accelerate_prepare``
-(no unsynchronised replicas; the optimizer step adapted), ``patch_torch_ddp`` (DDP of a TPU module),
-``patch_transformers_training_args`` (``torch_compile=True``) and ``patch_transformers_trainer``
-(bucketed data loaders, evaluation outputs cut back, complete checkpoints). See ``docs/training.md``.
+(no unsynchronised replicas; the optimizer step adapted), ``patch_accelerate_operations`` (gathers on
+``tpu_dist``), ``patch_torch_ddp`` (DDP of a TPU module), ``patch_torch_optimizer`` (no step of
+replicas nothing synchronises), ``patch_transformers_training_args`` (``torch_compile=True``) and
+``patch_transformers_trainer`` (bucketed data loaders, evaluation outputs cut back, complete
+checkpoints). See ``docs/training.md``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,14 @@ type: rank 1 would then move its inputs to ``tpu:1``, a chip it does not own. Fo
 parameters are on the TPU, the wrapper drops ``device_ids`` and ``output_device`` (the module
 already is on the process's only chip, and the batches are moved there by the data loader).
 Anything else goes to DDP unchanged.
+
+Every ``DistributedDataParallel`` made while the patch is applied is remembered (weakly): the
+``torch_optimizer`` patch asks :func:`ddp_parameter_ids` which parameters a DDP synchronises.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from .. import backend
@@ -24,6 +28,19 @@ _wraps = Wraps()
 
 _POSITIONAL = ("device_ids", "output_device")  # DDP.__init__(module, device_ids=None, output_device=None, ...)
 
+#: The DDP instances made since the patch was applied (modules compare by identity).
+_made: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def tracks_ddp() -> bool:
+    """Whether DDP instances are being recorded (the patch is applied)."""
+    return bool(_wraps)
+
+
+def ddp_parameter_ids() -> set[int]:
+    """``id()`` of every parameter of the modules the live DDP instances synchronise."""
+    return {id(p) for ddp in list(_made) for p in ddp.module.parameters()}
+
 
 def _module_on_tpu(module: Any) -> bool:
     parameters = getattr(module, "parameters", None)
@@ -35,11 +52,12 @@ def _module_on_tpu(module: Any) -> bool:
 def _without_device_ids(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     module = args[0] if args else kwargs.get("module")
     named = {name: (args[i + 1] if len(args) > i + 1 else kwargs.get(name)) for i, name in enumerate(_POSITIONAL)}
-    if not any(named.values()) or not backend.tpu_available() or not _module_on_tpu(module):
-        return wrapped(*args, **kwargs)
-    args = args[:1] + tuple(None for _ in args[1 : 1 + len(_POSITIONAL)]) + args[1 + len(_POSITIONAL) :]
-    kwargs = {**kwargs, **{name: None for name in _POSITIONAL if name in kwargs}}
-    return wrapped(*args, **kwargs)
+    if any(named.values()) and backend.tpu_available() and _module_on_tpu(module):
+        args = args[:1] + tuple(None for _ in args[1 : 1 + len(_POSITIONAL)]) + args[1 + len(_POSITIONAL) :]
+        kwargs = {**kwargs, **{name: None for name in _POSITIONAL if name in kwargs}}
+    result = wrapped(*args, **kwargs)
+    _made.add(instance)
+    return result
 
 
 _wrapper = fail_safe(_without_device_ids)
@@ -53,3 +71,4 @@ def apply(module: Any) -> None:
 
 def revert() -> None:
     _wraps.unwrap_all()
+    _made.clear()

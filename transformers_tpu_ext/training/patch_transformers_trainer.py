@@ -14,11 +14,14 @@ On TPU (the Trainer's device is ``tpu``), and only there:
   ``include_num_input_tokens_seen`` counts the collator's tokens (the batch cropped back to its
   rows, lengths and own mask), not the padding.
 - ``Trainer._save_rng_state`` / ``_load_rng_state``: the TPU's random state is saved next to the
-  others (``tpu_state[_<rank>].pth``) and restored on resume, through the public
-  ``torch.tpu.default_generators`` (``torch.tpu.get_rng_state`` is internal to torch_tpu), with the
-  sequence buckets already used, restored with the optimizer (``_load_optimizer_and_scheduler``),
+  others (``tpu_state[_<rank>].pth``, a host tensor: the file loads without torch_tpu) and restored
+  on resume, through the public ``torch.tpu.default_generators`` (``torch.tpu.get_rng_state`` is
+  internal to torch_tpu). Apart from it, each rank's sequence buckets already used
+  (``tpu_buckets[_<rank>].json``), restored with the optimizer (``_load_optimizer_and_scheduler``),
   before the first batch of the resumed run is padded: it pads its batches as the interrupted run
-  did (a bucket's reuse depends on the buckets used before), so dropout draws the same numbers.
+  did (a bucket's reuse depends on the buckets used before), so dropout draws the same numbers. Each
+  file is written under its own guard: a failure to save one does not lose the other. (Checkpoints
+  of earlier releases kept the buckets in ``tpu_state*.pth``; they are still read.)
 - ``Trainer._save_checkpoint`` and ``Trainer.save_model``: with several processes, every rank
   synchronises its chip first (``torch.accelerator.synchronize()``), so the host reads the main
   process alone does while saving never wait on work the other ranks have not issued.
@@ -26,6 +29,7 @@ On TPU (the Trainer's device is ``tpu``), and only there:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -45,6 +49,8 @@ _wraps = Wraps()
 
 #: Saved next to each checkpoint's other random states (``tpu_state_<rank>.pth`` with several processes).
 STATE_FILE = "tpu_state.pth"
+#: The sequence buckets already used (``tpu_buckets_<rank>.json`` with several processes).
+BUCKETS_FILE = "tpu_buckets.json"
 BUCKETS = "_tpu_ext_bucket_lengths"
 
 
@@ -151,9 +157,11 @@ def _track_num_input_tokens(wrapped: Callable[..., Any], instance: Any, args: tu
     return wrapped(crop(inputs, original))
 
 
-def _rng_file(trainer: Any, directory: str) -> str:
+def _rank_file(trainer: Any, directory: str, name: str) -> str:
     world = getattr(trainer.args, "world_size", 1)
-    name = STATE_FILE if world <= 1 else STATE_FILE.replace(".pth", f"_{trainer.args.process_index}.pth")
+    stem, dot, suffix = name.rpartition(".")
+    if world > 1:
+        name = f"{stem}_{trainer.args.process_index}{dot}{suffix}"
     return os.path.join(directory, name)
 
 
@@ -162,12 +170,21 @@ def _save_rng_state(wrapped: Callable[..., Any], instance: Any, args: tuple, kwa
     if trains_on_tpu(instance):
         output_dir = args[0] if args else kwargs["output_dir"]
         _after("saving the TPU random state", _save_tpu_rng, instance, output_dir)
+        _after("saving the sequence buckets used", _save_buckets, instance, output_dir)
     return result
 
 
 def _save_tpu_rng(trainer: Any, output_dir: str) -> None:
-    used = sorted(trainer.__dict__.get(BUCKETS, ()))
-    _torch().save({"tpu": backend.rng_state(), "bucket_lengths": used}, _rng_file(trainer, output_dir))
+    state = backend.rng_state()
+    if isinstance(state, _torch().Tensor):
+        state = state.cpu()  # loadable where torch_tpu is not installed
+    _torch().save({"tpu": state}, _rank_file(trainer, output_dir, STATE_FILE))
+
+
+def _save_buckets(trainer: Any, output_dir: str) -> None:
+    used = sorted(int(length) for length in trainer.__dict__.get(BUCKETS, ()))
+    with open(_rank_file(trainer, output_dir, BUCKETS_FILE), "w") as file:
+        json.dump({"bucket_lengths": used}, file)
 
 
 def _load_rng_state(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -180,9 +197,9 @@ def _load_rng_state(wrapped: Callable[..., Any], instance: Any, args: tuple, kwa
 
 
 def _load_tpu_rng(trainer: Any, checkpoint: str) -> None:
-    path = _rng_file(trainer, checkpoint)
+    path = _rank_file(trainer, checkpoint, STATE_FILE)
     if os.path.isfile(path):
-        backend.set_rng_state(_torch().load(path, weights_only=True)["tpu"])
+        backend.set_rng_state(_torch().load(path, weights_only=True, map_location="cpu")["tpu"])
     else:
         warn_once(f"no TPU random state in {checkpoint}: random numbers on the TPU will not continue the interrupted run's")
 
@@ -197,11 +214,17 @@ def _load_optimizer_and_scheduler(wrapped: Callable[..., Any], instance: Any, ar
 
 
 def _load_buckets(trainer: Any, checkpoint: str) -> None:
-    path = _rng_file(trainer, checkpoint)
+    path, legacy = _rank_file(trainer, checkpoint, BUCKETS_FILE), _rank_file(trainer, checkpoint, STATE_FILE)
     if os.path.isfile(path):
-        used = trainer.__dict__.setdefault(BUCKETS, set())
-        used.clear()
-        used.update(_torch().load(path, weights_only=True).get("bucket_lengths", ()))
+        with open(path) as file:
+            lengths = json.load(file)["bucket_lengths"]
+    elif os.path.isfile(legacy):  # written by an earlier release, next to the random state
+        lengths = _torch().load(legacy, weights_only=True, map_location="cpu").get("bucket_lengths", ())
+    else:
+        return
+    used = trainer.__dict__.setdefault(BUCKETS, set())
+    used.clear()
+    used.update(int(length) for length in lengths)
 
 
 def _synchronized(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
