@@ -406,3 +406,19 @@ def test_simulator_saves_casts_drops_out_and_synchronizes_like_a_device(simulate
     before = simulated_tpu.synchronizations
     torch.accelerator.synchronize()
     assert simulated_tpu.synchronizations == before + 1
+
+
+#: docs/training.md: "bf16 losses stay within 5e-3 of a CPU autocast run" (measured here).
+BF16_TOLERANCE = 5e-3
+
+
+@requires_trainer
+def test_bf16_is_torch_tpu_autocast_close_to_but_not_cpu_autocast(simulated_tpu, tmp_path):
+    # docs/simulated-tpu.md: the simulator follows torch_tpu's autocast policy, and runs PyTorch's
+    # bfloat16 decompositions where the CPU has fused kernels, so bf16 losses are close, not equal.
+    cpu = trainer(str(tmp_path / "cpu"), use_cpu=True, bf16=True, max_steps=6)
+    cpu.train()
+    tpu = trainer(str(tmp_path / "tpu"), use_cpu=False, bf16=True, max_steps=6)
+    tpu.train()
+    difference = max_diff(losses(tpu), losses(cpu))
+    assert 0 < difference < BF16_TOLERANCE, difference
