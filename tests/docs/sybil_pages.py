@@ -116,11 +116,13 @@ def _console_steps(text: str) -> list[tuple[str, str]]:
 
 
 def _evaluate_console(example: Example) -> str | None:
+    """Each ``$ command``'s output must match what follows it: its stdout, its stderr, or both (in that order)."""
     for command, expected in _console_steps(example.parsed):
-        proc = _shell(command + " 2>&1")
-        got = proc.stdout.strip() + "\n"
-        if not _CHECKER.check_output(expected, got, _FLAGS):
-            return f"$ {command}\n--- expected\n{expected}--- got (exit status {proc.returncode})\n{got}"
+        proc = _shell(command)
+        outputs = [proc.stdout, proc.stderr, proc.stdout + proc.stderr]
+        if not any(_CHECKER.check_output(expected, out.strip() + "\n", _FLAGS) for out in outputs):
+            return (f"$ {command}\n--- expected\n{expected}--- got (exit status {proc.returncode})\n"
+                    f"{proc.stdout}--- stderr\n{proc.stderr[-4000:]}")
     return None
 
 
