@@ -141,7 +141,7 @@ class DocsDirectiveParser:
     """``<!-- docs: ... -->`` directives."""
 
     def __init__(self) -> None:
-        self.lexer = DirectiveInHTMLCommentLexer(directive="docs", arguments=".+")
+        self.lexer = DirectiveInHTMLCommentLexer(directive="docs", arguments=".+?")
 
     def __call__(self, document: Any) -> Any:
         for lexed in self.lexer(document):
