@@ -1,12 +1,49 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install what it needs.
-# torch is pinned first: a bare `torch` requirement would pull a multi-GB CUDA build.
-# The first use takes about 90 s; each step is announced on stderr (stdout is the venv's path).
+# The first use takes a few minutes; each step is announced on stderr (stdout is the venv's path).
+#
+# torch comes first, as a CPU build: a bare `torch` requirement (or this pin, on PyPI) is the multi-GB
+# CUDA build on Linux. In order, the first that works:
+#   1. a wheel pip finds without any index (PIP_FIND_LINKS, a local wheel directory): offline, instant;
+#   2. PyTorch's CPU index (TORCH_INDEX_URL, default https://download.pytorch.org/whl/cpu), if it answers
+#      within 5 seconds (an unreachable index fails fast instead of hanging pip's retries);
+#   3. the default index, with a warning that it may be the CUDA build.
+# TORCH_PIN overrides the pin (e.g. TORCH_PIN=torch==2.15.0).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 venv="${TRANSFORMERS_TPU_EXT_VENV:-$root/.venv}"
 torch_pin="${TORCH_PIN:-torch==2.13.0}"
+torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 python="${PYTHON:-python3}"
+pip=(--quiet --disable-pip-version-check)
+
+reachable() {  # $1: a URL; true when it answers within 5 s (any HTTP status counts: it is there)
+    "$python" - "$1" <<'EOF' >/dev/null 2>&1
+import os, sys, urllib.error, urllib.parse, urllib.request
+url = sys.argv[1]
+if url.startswith("file:"):  # a local index directory
+    sys.exit(0 if os.path.exists(urllib.request.url2pathname(urllib.parse.urlparse(url).path)) else 1)
+try:
+    urllib.request.urlopen(url, timeout=5)
+except urllib.error.HTTPError:
+    pass
+EOF
+}
+
+install_torch() {
+    local cpu_pin="$torch_pin"
+    [[ "$torch_pin" =~ ^torch==[0-9.]+$ ]] && cpu_pin="$torch_pin+cpu"  # the CPU index's local version
+    if "$venv/bin/python" -m pip install "${pip[@]}" --no-index "$torch_pin" 2>/dev/null; then
+        echo "bootstrap:       $torch_pin from a local wheel" >&2
+    elif reachable "$torch_index"; then
+        echo "bootstrap:       $cpu_pin from $torch_index" >&2
+        "$venv/bin/python" -m pip install "${pip[@]}" --extra-index-url "$torch_index" "$cpu_pin"
+    else
+        echo "bootstrap: warning: $torch_index cannot be reached; installing $torch_pin from the default index," \
+            "which may be the CUDA build (several GB). Set TORCH_INDEX_URL to a CPU wheel index to avoid it." >&2
+        "$venv/bin/python" -m pip install "${pip[@]}" "$torch_pin"
+    fi
+}
 
 # Reinstall only when the dependency declarations change.
 stamp="$venv/.transformers-tpu-ext-$(cat "$root/pyproject.toml" "$root/transformers_tpu_ext/requirements.txt" | sha256sum | cut -c1-16)"
@@ -18,10 +55,10 @@ if [ ! -f "$stamp" ]; then
     else
         echo "bootstrap: [1/3] reusing $venv (the declared dependencies changed)" >&2
     fi
-    echo "bootstrap: [2/3] installing $torch_pin (CPU build; about 30 s)" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$torch_pin"
+    echo "bootstrap: [2/3] installing $torch_pin, a CPU build (about 30 s)" >&2
+    install_torch
     echo "bootstrap: [3/3] installing transformers-tpu-ext[test] and its dependencies (about 60 s; $((SECONDS - started)) s so far)" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test]"
+    "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test]"
     rm -f "$venv"/.transformers-tpu-ext-*
     touch "$stamp"
     echo "bootstrap: ready in $((SECONDS - started)) s" >&2

@@ -60,3 +60,17 @@ def _bootstrap() -> None:
 
 
 _bootstrap()
+
+
+def _simulate_without_autoload() -> None:
+    """``TRANSFORMERS_TPU_EXT_SIMULATE`` under ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``: the entry point that
+    installs the simulated TPU at ``import torch`` does not run, so importing the package does it."""
+    import os
+
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+        from . import _autoload
+
+        _autoload.load()  # never raises: a problem is one warning
+
+
+_simulate_without_autoload()

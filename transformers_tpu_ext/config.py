@@ -16,6 +16,52 @@ _ALL = {"1", "true", "yes", "on", "all", "*"}
 _NONE = {"0", "false", "no", "off", "none"}
 
 
+#: Every setting is ``TRANSFORMERS_TPU_EXT_<CAPABILITY>_<SETTING>`` (``GENERATE_``, ``SERVE_``, ``TRAIN_``,
+#: ``TP_``), except the few that concern the whole plugin or the chip (``DISABLE``, ``SIMULATE``,
+#: ``VERBOSITY``, ``HBM_HEADROOM``). The names that did not follow it, old -> new: the old ones are still
+#: read, with one warning each, until release 0.2 (:func:`with_renamed`, :func:`check_renamed`).
+RENAMED: dict[str, str] = {
+    f"TRANSFORMERS_TPU_EXT_{name}": f"TRANSFORMERS_TPU_EXT_GENERATE_{name}"
+    for name in (
+        "STATIC_CACHE", "BUCKETS", "COMPILE_PREFILL", "DEVICE_DECODE", "PROMPT_BUCKETS", "STEPS_PER_OCTAVE",
+        "PREFILL_CHUNK", "BATCH_BUCKETS", "CACHE_BUCKETS", "MAX_CACHE_LEN", "RECOMPILE_LIMIT",
+    )
+}
+#: The naming scheme: a capability's prefix, or one of the plugin-wide names.
+SCHEME_PREFIXES = ("GENERATE_", "SERVE_", "TRAIN_", "TP_", "COMPILE_")
+PLUGIN_WIDE = ("DISABLE", "SIMULATE", "VERBOSITY", "HBM_HEADROOM")
+#: The release that stops reading the old names.
+RENAMED_UNTIL = "0.2"
+
+
+def with_renamed(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """``environ`` with each old name's value under its new name (the new name wins when both are set)."""
+    if not any(environ.get(old, "").strip() for old in RENAMED):
+        return environ
+    merged = dict(environ)
+    for old, new in RENAMED.items():
+        if merged.get(old, "").strip() and not merged.get(new, "").strip():
+            merged[new] = merged[old]
+    return merged
+
+
+def check_renamed(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One message per old name in use, naming the new one."""
+    environ = os.environ if environ is None else environ
+    messages = []
+    for old, new in RENAMED.items():
+        raw = environ.get(old, "").strip()
+        if not raw:
+            continue
+        if environ.get(new, "").strip():
+            messages.append(f"{old}={raw!r} is ignored: it was renamed {new}, which is set too (the old name is read "
+                            f"until release {RENAMED_UNTIL}); remove {old}")
+        else:
+            messages.append(f"{old} was renamed {new} (one naming scheme: TRANSFORMERS_TPU_EXT_GENERATE_* for "
+                            f"generate()); the old name is still read until release {RENAMED_UNTIL}: rename it")
+    return messages
+
+
 def disabled_patches(environ: dict[str, str] | None = None) -> frozenset[str] | None:
     """The patch names switched off by ``TRANSFORMERS_TPU_EXT_DISABLE``.
 

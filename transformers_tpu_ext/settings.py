@@ -34,6 +34,12 @@ def _disable(environ: Mapping[str, str]) -> list[str]:
     return config.check_environment(dict(environ))
 
 
+def _renamed(environ: Mapping[str, str]) -> list[str]:
+    from . import config
+
+    return config.check_renamed(environ)
+
+
 def _simulate(environ: Mapping[str, str]) -> list[str]:
     from .testing import chips
 
@@ -85,6 +91,7 @@ def _verbosity(environ: Mapping[str, str]) -> list[str]:
 #: One check per module that reads ``TRANSFORMERS_TPU_EXT_*`` variables.
 CHECKS: list[Callable[[Mapping[str, str]], list[str]]] = [
     _disable,
+    _renamed,
     _simulate,
     _generation,
     _placement,

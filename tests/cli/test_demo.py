@@ -52,3 +52,16 @@ def test_demo_help_and_unknown_command():
 
     assert cli.main(["--help"]) == 0
     assert cli.main(["nope"]) == 2
+
+
+def test_every_demo_option_is_documented():
+    import re
+    from pathlib import Path
+
+    from transformers_tpu_ext.cli import demo
+
+    options = {a.option_strings[0] for a in demo._parser()._actions if a.option_strings and a.option_strings[0] != "-h"}
+    page = (Path(__file__).resolve().parents[2] / "docs" / "getting-started.md").read_text()
+    table = page.split("## The demo", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(--[a-z-]+)`", table, re.M))
+    assert documented == options

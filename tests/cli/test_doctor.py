@@ -40,7 +40,7 @@ def test_text_report_on_the_simulated_tpu(v6e, capsys):
 
 
 def test_json_report_on_the_simulated_tpu(v6e, capsys):
-    v6e.configure(chips=8, generation="v7")
+    v6e.configure(chips=8, generation="v7", hbm_bytes="192GiB")
     report = json.loads(_doctor(capsys, "--json"))
     tpu = report["tpu"]
     assert (tpu["available"], tpu["generation"], tpu["chips"]) == (True, "v7", 8)
@@ -115,3 +115,15 @@ def test_tpu_visible_devices_does_not_restrict_chips():
     report = _report()
     report["environment"] = {"TPU_VISIBLE_DEVICES": "0,1"}
     assert any("TPU_VISIBLE_DEVICES" in p for p in doctor.known_problems(report))
+
+
+def test_simulated_hbm_capped_to_the_host_is_explained(v6e, capsys, monkeypatch):
+    from transformers_tpu_ext.testing import host
+
+    monkeypatch.setattr(host, "memory_bytes", lambda: 16 * 2**30)  # 16 GiB / 2 / 4 chips = 2 GiB each
+    out = _doctor(capsys)
+    assert "HBM per chip  2.0 GiB (2147483648 bytes)" in out
+    assert "a TPU v6e has 32.0 GiB: the simulated chips keep to half of this host's memory" in out
+    v6e.configure(hbm_bytes="32GiB")
+    out = _doctor(capsys)
+    assert "HBM per chip  32.0 GiB" in out and "keep to half" not in out

@@ -169,3 +169,14 @@ def test_hidden_tpu_is_reported_as_no_backend(v7_host, capsys):
     with v7_host.hidden():
         rc, err = _launch(capsys, "train.py")
     assert rc == 1 and "No TPU backend found" in err
+
+
+def test_a_chip_the_backend_cannot_name_is_one_line_not_a_traceback(simulated_tpu, capsys):
+    # TRANSFORMERS_TPU_EXT_SIMULATE=generation=v99 (docs/simulated-tpu.md allows it): torch.tpu.get_device_name()
+    # raises, as torch_tpu does for a chip it does not know.
+    simulated_tpu.configure(chips=4, generation="v99")
+    rc, err = _launch(capsys, "--nproc_per_node=4", "train.py")
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("transformers-tpu launch: error:"), err
+    assert "v99" in err and "torch_tpu" in err

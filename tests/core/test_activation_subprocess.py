@@ -169,3 +169,18 @@ report({"applied_before": applied_before, "applied_after": ext.active_patches(),
     assert value["applied_before"] and value["applied_after"] == value["applied_before"]
     assert value["device"] == "tpu:0"
     assert value["out_device"] == "cpu" and value["new_tokens"] == 4
+
+
+def test_simulate_under_autoload_0_installs_the_simulator_when_the_plugin_is_imported():
+    # TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops the entry point that installs the simulated TPU at `import torch`;
+    # `import transformers_tpu_ext` (which the user must then write anyway) does it instead.
+    code = """
+import torch
+seen_by_torch = torch.accelerator.current_accelerator(check_available=True)
+import transformers_tpu_ext
+from transformers_tpu_ext import testing
+report({"torch": str(seen_by_torch), "plugin": str(torch.accelerator.current_accelerator(check_available=True)),
+        "chips": torch.accelerator.device_count(), "installed": testing.is_installed()})
+"""
+    value, _ = run_python(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TRANSFORMERS_TPU_EXT_SIMULATE": "chips=8,generation=v5e"})
+    assert value == {"torch": "None", "plugin": "tpu", "chips": 8, "installed": True}

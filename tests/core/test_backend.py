@@ -13,7 +13,7 @@ GiB = 1 << 30
     "generation, hbm", [("v4", 32), ("v5e", 16), ("v5p", 95), ("v6e", 32), ("v7", 192)]
 )
 def test_chip_info_reports_generation_hbm_and_chips(simulated_tpu, generation, hbm):
-    simulated_tpu.configure(chips=8, generation=generation)
+    simulated_tpu.configure(chips=8, generation=generation, hbm_bytes=f"{hbm}GiB")
     info = backend.chip_info()
     assert info is not None
     assert info.generation == generation

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 BAD = {
     "TRANSFORMERS_TPU_EXT_SIMULATE": "garbage",
     "TRANSFORMERS_TPU_EXT_DISABLE": "generate",
-    "TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE": "0",
+    "TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE": "0",
 }
 
 
@@ -62,7 +62,7 @@ report({
     assert "the plugin itself is active" in simulate and "without the plugin" not in simulate
     disable = next(m for m in messages if "TRANSFORMERS_TPU_EXT_DISABLE='generate'" in m)
     assert "generation" in disable and "tp_kv_cache" in disable
-    assert any("TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE='0'" in m for m in messages)
+    assert any("TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE='0'" in m for m in messages)
     assert all("transformers_tpu_ext" in f and not f.endswith(os.path.join("torch", "__init__.py")) for f in value["files"])
     assert value["active"] and value["armed"] == ["armed"] and value["simulator"] is False
     assert len(value["doctor_settings"]) == 3
@@ -74,7 +74,7 @@ report({
     "environ",
     [
         {"TRANSFORMERS_TPU_EXT_SIMULATE": "chips=3,generation=v6e"},
-        {"TRANSFORMERS_TPU_EXT_DISABLE": "generate", "TRANSFORMERS_TPU_EXT_BATCH_BUCKETS": "0"},
+        {"TRANSFORMERS_TPU_EXT_DISABLE": "generate", "TRANSFORMERS_TPU_EXT_GENERATE_BATCH_BUCKETS": "0"},
     ],
     ids=["simulate", "disable-and-buckets"],
 )

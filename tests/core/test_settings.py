@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 import transformers_tpu_ext as ext
-from transformers_tpu_ext import activation, log, settings, versions
+from transformers_tpu_ext import activation, config, log, settings, versions
 from transformers_tpu_ext.generation import config as generation_config
 from transformers_tpu_ext.registry import REGISTRY
 from transformers_tpu_ext.testing import chips
@@ -96,15 +96,15 @@ def test_install_refuses_a_host_without_a_topology():
 @pytest.mark.parametrize(
     "variable, value",
     [
-        ("TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE", "0"),
-        ("TRANSFORMERS_TPU_EXT_PROMPT_BUCKETS", "32,0"),
-        ("TRANSFORMERS_TPU_EXT_BATCH_BUCKETS", "a,b"),
-        ("TRANSFORMERS_TPU_EXT_STATIC_CACHE", "maybe"),
-        ("TRANSFORMERS_TPU_EXT_MAX_CACHE_LEN", "-5"),
+        ("TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE", "0"),
+        ("TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS", "32,0"),
+        ("TRANSFORMERS_TPU_EXT_GENERATE_BATCH_BUCKETS", "a,b"),
+        ("TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE", "maybe"),
+        ("TRANSFORMERS_TPU_EXT_GENERATE_MAX_CACHE_LEN", "-5"),
         ("TRANSFORMERS_TPU_EXT_HBM_HEADROOM", "lots"),
         ("TRANSFORMERS_TPU_EXT_TP_REWRITE", "sometimes"),
         ("TRANSFORMERS_TPU_EXT_VERBOSITY", "loud"),
-        ("TRANSFORMERS_TPU_EXT_DEVICE_DECODE", "perhaps"),
+        ("TRANSFORMERS_TPU_EXT_GENERATE_DEVICE_DECODE", "perhaps"),
         ("TRANSFORMERS_TPU_EXT_SERVE_TOKEN_BUCKETS", "16,x"),
         ("TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS", "0"),
         ("TRANSFORMERS_TPU_EXT_SERVE_WARMUP", "maybe"),
@@ -119,14 +119,14 @@ def test_every_invalid_variable_is_named(variable, value):
 
 def test_generate_names_the_bucket_variable_too(monkeypatch):
     # Before: "TPUGenerationConfig.steps_per_octave must be a positive integer", at the first generate().
-    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE", "0")
-    with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE='0'"):
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE", "0")
+    with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE='0'"):
         generation_config.current()
 
 
 def test_activation_warns_once_per_problem(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_TPU_EXT_DISABLE", "generate")
-    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_PREFILL_CHUNK", "-1")
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_GENERATE_PREFILL_CHUNK", "-1")
     monkeypatch.setattr(settings, "_warned", set())
     was_active = ext.is_active()
     ext.deactivate()
@@ -144,7 +144,7 @@ def test_activation_warns_once_per_problem(monkeypatch):
     messages = [str(w.message) for w in caught if issubclass(w.category, ext.TransformersTPUExtWarning)]
     assert len(messages) == 2, messages
     assert any("TRANSFORMERS_TPU_EXT_DISABLE" in m for m in messages)
-    assert any("TRANSFORMERS_TPU_EXT_PREFILL_CHUNK" in m for m in messages)
+    assert any("TRANSFORMERS_TPU_EXT_GENERATE_PREFILL_CHUNK" in m for m in messages)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,3 +294,54 @@ def test_warn_never_raises_under_an_error_filter(caplog):
         warnings.simplefilter("error")
         log.warn("transformers-tpu-ext: still just a message")
     assert [r.getMessage() for r in caplog.records] == ["transformers-tpu-ext: still just a message"]
+
+
+# -- one naming scheme -------------------------------------------------------------------------------
+
+
+def _variables_read_by_the_package() -> set[str]:
+    import re
+    from pathlib import Path
+
+    root = Path(config.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        found |= set(re.findall(r"TRANSFORMERS_TPU_EXT_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    stems = {"TRANSFORMERS_TPU_EXT_" + prefix.rstrip("_") for prefix in config.SCHEME_PREFIXES}  # "..._SERVE_*"
+    return found - set(config.RENAMED) - stems
+
+
+def test_every_variable_follows_one_naming_scheme():
+    names = _variables_read_by_the_package()
+    assert {"TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE", "TRANSFORMERS_TPU_EXT_TRAIN_STEPS_PER_OCTAVE",
+            "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN", "TRANSFORMERS_TPU_EXT_DISABLE"} <= names
+    prefix = "TRANSFORMERS_TPU_EXT_"
+    odd = sorted(n for n in names if not n.removeprefix(prefix).startswith(config.SCHEME_PREFIXES)
+                 and n.removeprefix(prefix) not in config.PLUGIN_WIDE)
+    assert odd == [], f"name these TRANSFORMERS_TPU_EXT_<CAPABILITY>_<SETTING> (or add them to config.RENAMED): {odd}"
+    assert set(config.RENAMED.values()) <= names
+
+
+def test_an_old_name_is_still_read_with_one_warning_naming_the_new_one():
+    old, new = "TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE", "TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE"
+    assert config.RENAMED[old] == new
+    assert generation_config.current({old: "2"}).steps_per_octave == 2
+    (message,) = settings.problems({old: "2"})
+    assert f"{old} was renamed {new}" in message and "until release 0.2" in message
+    # both set: the new name wins, and the old one is called out
+    assert generation_config.current({old: "2", new: "3"}).steps_per_octave == 3
+    (message,) = settings.problems({old: "2", new: "3"})
+    assert f"{old}='2' is ignored" in message
+    # an invalid value under the old name is still caught (named by its new variable), with the rename
+    problems = settings.problems({old: "0"})
+    assert len(problems) == 2 and any(f"{new}='0'" in p for p in problems)
+
+
+def test_the_configuration_page_lists_every_renamed_variable():
+    from pathlib import Path
+
+    text = (Path(config.__file__).parents[1] / "docs" / "configuration.md").read_text()
+    section = text.split("## Renamed settings", 1)[1].split("\n## ", 1)[0]
+    rows = {tuple(cell.strip().strip("`") for cell in line.strip().strip("|").split("|"))
+            for line in section.splitlines() if line.startswith("| `")}
+    assert rows == set(config.RENAMED.items())

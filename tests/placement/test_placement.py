@@ -187,7 +187,7 @@ def test_tiny_hbm_without_the_patches_is_all_cpu(simulated_tpu, llama_dir) -> No
 
 
 def test_user_max_memory_wins(simulated_tpu, llama_dir) -> None:
-    # The chip is large (32 GiB), but the user allows 128 KiB on it: mixed map.
+    # The chip is large (GiBs), but the user allows 128 KiB on it: mixed map.
     model = AutoModelForCausalLM.from_pretrained(
         llama_dir, device_map="auto", max_memory={"tpu": "128KiB", "cpu": "1GiB"}
     )

@@ -47,7 +47,7 @@ def test_env_override_replaces_the_rule(value: str, headroom: int) -> None:
     assert placement.tpu_budget(total, environ={HEADROOM_ENV: value}) == total - headroom
 
 
-@pytest.mark.parametrize("value", ["lots", "4 parsecs", "150%", "-1GiB"])
+@pytest.mark.parametrize("value", ["lots", "4 parsecs", "150%", "-1GiB", "1.5", "2", "1000"])
 def test_bad_env_override_names_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match=HEADROOM_ENV):
         placement.headroom_bytes(32 * GiB, environ={HEADROOM_ENV: value})
@@ -83,3 +83,10 @@ def test_merge_puts_the_chip_first() -> None:
     assert list(merged.items()) == [("tpu", 4), ("cpu", 10), ("disk", 20)]
     assert placement.merge_tpu_entry({"cpu": 10}, None) == {"cpu": 10}
     assert list(placement.merge_tpu_entry({"cpu": 10, "tpu": 1}, 2).items()) == [("tpu", 2), ("cpu", 10)]
+
+
+def test_a_bare_number_at_least_1_is_bytes_only_when_it_is_a_whole_size() -> None:
+    # "1.5" used to be read as 1 byte of headroom: refused, with what to write instead.
+    with pytest.raises(ValueError, match=r"bare number.*1\.5GiB"):
+        placement.parse_headroom("1.5")
+    assert placement.parse_headroom("1048576").of(32 * GiB) == 1 << 20

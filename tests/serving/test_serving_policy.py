@@ -98,8 +98,8 @@ def test_plan_limits_come_from_the_continuous_batching_config_then_the_settings(
     assert (plan.max_batch_tokens, plan.max_requests, plan.page_size, plan.blocks_per_request) == (256, 32, 32, 16)
     plan = _plan(max_batch_tokens=64, max_requests=100, page_size=64)
     assert plan.token_buckets == (16, 32, 64) and plan.request_buckets == (8, 16, 32, 64) and plan.page_size == 64
-    plan = _plan(settings={"token_buckets": (48, 1000), "request_buckets": (4,)})
-    assert plan.token_buckets == (48, 256) and plan.request_buckets == (4, 32)
+    plan = _plan(settings={"token_buckets": (48, 200), "request_buckets": (4,)})
+    assert plan.token_buckets == (48, 200, 256) and plan.request_buckets == (4, 32) and plan.notes == ()
     assert plan.budget == (1 << 30) - (1 << 20) - (1 << 28)
 
 
@@ -142,3 +142,26 @@ def test_step_bytes_counts_each_tokens_pages_scores_logits_and_activations():
     size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=8, itemsize=4, vocab_size=320,
                               activation_bytes_per_token=1000)
     assert size == 64 * 1000 + 2 * 64 * 512 * 2 * 8 * 4 + 64 * 4 * 512 * 4 + 8 * 320 * 4
+
+
+def test_explicit_rungs_past_the_largest_step_are_refused_not_dropped():
+    # docs/serving.md's request_buckets=(8, 32, 64) used to become (8, 32) without a word.
+    with pytest.raises(ValueError, match=r"request_buckets=\(8, 32, 64\) goes past max_requests=32.*"
+                                         r"TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS.*leave 64 out"):
+        serving.configure(request_buckets=(8, 32, 64))
+    assert serving.current().request_buckets is None  # nothing stored
+    settings = serving.ServeSettings(request_buckets=(8, 32, 64), max_requests=64)
+    assert settings.ladders(256, 64)[1] == (8, 32, 64)
+    # the same from the environment: one problem at activation (each variable alone is valid)
+    env = {serving.ENV["token_buckets"]: "64,256,512"}
+    (problem,) = serving.check_environment(env)
+    assert "token_buckets=(64, 256, 512) goes past max_batch_tokens=256" in problem
+    assert "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS" in problem
+    assert serving.check_environment({**env, serving.ENV["max_batch_tokens"]: "512"}) == []
+
+
+def test_a_smaller_continuous_batching_config_cuts_explicit_rungs_with_a_note():
+    plan = _plan(max_requests=16, settings={"request_buckets": (8, 32, 64), "max_requests": 64})
+    assert plan.request_buckets == (8, 16)
+    (note,) = plan.notes
+    assert "request_buckets 32, 64" in note and "max_requests_per_batch=16" in note

@@ -15,6 +15,8 @@ import torch
 from _subprocess import run_python
 
 from transformers_tpu_ext.testing import Counters
+from transformers_tpu_ext.testing import chips
+from transformers_tpu_ext.testing.host import memory_bytes as host_memory_bytes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -317,13 +319,35 @@ def test_set_device_accepts_only_the_bound_index(sim):
     [("v4", 32, 2), ("v5e", 16, 1), ("v5p", 95, 2), ("v6e", 32, 1), ("v7", 192, 2)],
 )
 def test_device_properties_per_generation(sim, generation, hbm_gib, cores):
-    sim.configure(generation=generation)
+    sim.configure(generation=generation, hbm_bytes=f"{hbm_gib}GiB")
     props = torch.tpu.get_device_properties()
     assert props.name == f"TPU {generation}" == torch.tpu.get_device_name()
-    assert props.total_memory == hbm_gib * 2**30
+    assert props.total_memory == hbm_gib * 2**30 == chips.CHIPS[generation].hbm_bytes
     assert props.multi_processor_count == cores
     with pytest.raises(Exception):
         props.total_memory = 1  # frozen dataclass
+
+
+def test_default_hbm_fits_the_host_it_runs_on(sim):
+    # Everything on the simulated TPU lives in host memory: the serving KV cache, sized from the HBM, once
+    # allocated 30.9 GB on a 24 GiB machine (a v6e's 32 GiB). By default the host's chips share half of it.
+    host = host_memory_bytes()
+    for generation, count in (("v6e", 4), ("v5p", 8), ("v7", 2), ("v5e", 1)):
+        sim.configure(generation=generation, chips=count)
+        total = torch.tpu.get_device_properties().total_memory
+        assert total * count <= host // 2 and total <= chips.CHIPS[generation].hbm_bytes
+    sim.configure(hbm_bytes="40GiB")  # asked for: the user's call
+    assert torch.tpu.get_device_properties().total_memory == 40 * 2**30
+
+
+def test_default_hbm_rule():
+    v6e = chips.CHIPS["v6e"]
+    GiB = 2**30
+    assert chips.default_hbm(v6e, 4, 512 * GiB) == 32 * GiB  # a big host: the chip's own
+    assert chips.default_hbm(v6e, 4, 24 * GiB) == 3 * GiB  # 24 GiB / 2 / 4
+    assert chips.default_hbm(v6e, 4, int(23.5 * GiB)) == int(2.75 * GiB)  # in steps of 256 MiB
+    assert chips.default_hbm(v6e, 8, GiB) == 256 * 2**20  # never below one step
+    assert chips.default_hbm(v6e, 4, None) == 32 * GiB  # host memory unknown
 
 
 def test_hbm_override_and_unknown_generation(sim):
@@ -362,7 +386,7 @@ def test_hidden_reports_no_tpu(sim):
         assert torch.accelerator.device_count() == 0
         assert torch.accelerator.current_accelerator(check_available=True) is None
         assert not backend.tpu_available() and backend.chip_info() is None
-    assert torch.accelerator.is_available() and backend.chip_info().total_memory == 32 * 2**30
+    assert torch.accelerator.is_available() and backend.chip_info().total_memory == sim.hbm()
 
 
 # --- set_tpu_launch_env ------------------------------------------------------------------------

@@ -142,7 +142,22 @@ def _tpu() -> dict[str, Any]:
         process_counts=list(counts) if counts is not None else None,
         simulated=_simulated(),
     )
+    nominal = _capped_simulated_hbm(info.total_memory)
+    if nominal:
+        facts["chip_hbm_bytes"] = nominal
     return facts
+
+
+def _capped_simulated_hbm(total_memory: int) -> int | None:
+    """The generation's HBM when the simulated TPU reports less by default (capped to fit this host)."""
+    testing = sys.modules.get("transformers_tpu_ext.testing")
+    sim = testing.simulated_tpu() if testing is not None else None
+    if sim is None or sim.hbm_bytes is not None:
+        return None
+    from ..testing.chips import CHIPS
+
+    chip = CHIPS.get(sim.generation)
+    return chip.hbm_bytes if chip is not None and chip.hbm_bytes > total_memory else None
 
 
 def _patches() -> dict[str, Any]:
@@ -300,6 +315,11 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"  device        {tpu['name']}  generation {tpu['generation']}{sim}")
         lines.append(f"  chips         {tpu['chips']}")
         lines.append(f"  HBM per chip  {_gib(tpu['hbm_bytes'])} ({tpu['hbm_bytes']} bytes)")
+        if tpu.get("chip_hbm_bytes"):
+            lines.append(
+                f"                (a {tpu['name']} has {_gib(tpu['chip_hbm_bytes'])}: the simulated chips keep to half of "
+                "this host's memory; hbm= in TRANSFORMERS_TPU_EXT_SIMULATE sets it)"
+            )
         counts = tpu.get("process_counts")
         shown = ", ".join(map(str, counts)) if counts else "unknown generation"
         lines.append(f"  launch        process counts per host: {shown}")

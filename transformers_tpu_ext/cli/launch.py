@@ -308,7 +308,15 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
             exit_code=1,
         )
     chips = backend.device_count()
-    name = str(_tpu_module().get_device_name())
+    try:
+        name = str(_tpu_module().get_device_name())
+    except Exception as error:  # noqa: BLE001 - e.g. a chip generation this torch_tpu does not know
+        raise LaunchError(
+            f"the TPU backend cannot name this host's chip (torch.tpu.get_device_name() raised "
+            f"{type(error).__name__}: {error}), so no worker can be placed on it: install a torch_tpu "
+            "release that knows this chip (transformers-tpu doctor shows what is installed).",
+            exit_code=1,
+        ) from None
 
     requested = args.nproc_per_node
     if requested is None or str(requested).strip().lower() in _CHIP_WORDS:

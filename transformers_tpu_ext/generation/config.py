@@ -18,23 +18,23 @@ from typing import Any
 
 from . import buckets
 from ..ladders import geometric_ladder
-from ..config import Overrides, check_variables
+from ..config import Overrides, check_variables, with_renamed
 
 __all__ = ["ENV", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
 #: Environment variable of each field (booleans: 1/0, true/false, on/off; lists: comma-separated).
 ENV: dict[str, str] = {
-    "static_cache": "TRANSFORMERS_TPU_EXT_STATIC_CACHE",
-    "bucketing": "TRANSFORMERS_TPU_EXT_BUCKETS",
-    "compile_prefill": "TRANSFORMERS_TPU_EXT_COMPILE_PREFILL",
-    "device_decode": "TRANSFORMERS_TPU_EXT_DEVICE_DECODE",
-    "prompt_buckets": "TRANSFORMERS_TPU_EXT_PROMPT_BUCKETS",
-    "steps_per_octave": "TRANSFORMERS_TPU_EXT_STEPS_PER_OCTAVE",
-    "prefill_chunk": "TRANSFORMERS_TPU_EXT_PREFILL_CHUNK",
-    "batch_buckets": "TRANSFORMERS_TPU_EXT_BATCH_BUCKETS",
-    "cache_buckets": "TRANSFORMERS_TPU_EXT_CACHE_BUCKETS",
-    "max_cache_len": "TRANSFORMERS_TPU_EXT_MAX_CACHE_LEN",
-    "recompile_limit": "TRANSFORMERS_TPU_EXT_RECOMPILE_LIMIT",
+    "static_cache": "TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE",
+    "bucketing": "TRANSFORMERS_TPU_EXT_GENERATE_BUCKETS",
+    "compile_prefill": "TRANSFORMERS_TPU_EXT_GENERATE_COMPILE_PREFILL",
+    "device_decode": "TRANSFORMERS_TPU_EXT_GENERATE_DEVICE_DECODE",
+    "prompt_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS",
+    "steps_per_octave": "TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE",
+    "prefill_chunk": "TRANSFORMERS_TPU_EXT_GENERATE_PREFILL_CHUNK",
+    "batch_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_BATCH_BUCKETS",
+    "cache_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_CACHE_BUCKETS",
+    "max_cache_len": "TRANSFORMERS_TPU_EXT_GENERATE_MAX_CACHE_LEN",
+    "recompile_limit": "TRANSFORMERS_TPU_EXT_GENERATE_RECOMPILE_LIMIT",
 }
 
 _PROMPT_MIN = 16
@@ -168,7 +168,7 @@ _overrides = Overrides(TPUGenerationConfig, "generation", sequences=("prompt_buc
 
 def current(environ: Mapping[str, str] | None = None) -> TPUGenerationConfig:
     """The settings in force now: :func:`configure` overrides > environment > defaults."""
-    environ = os.environ if environ is None else environ
+    environ = with_renamed(os.environ if environ is None else environ)
     values = {name: environ[var] for name, var in ENV.items() if environ.get(var, "").strip()}
     overrides = _overrides.values()
     return _build(tuple(sorted(values.items())), tuple(sorted(overrides.items(), key=lambda kv: kv[0])))
@@ -200,4 +200,4 @@ def reset() -> None:
 
 def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     """One message per invalid generation variable, naming it (checked at activation, and by ``current()``)."""
-    return check_variables(os.environ if environ is None else environ, ENV, _parse, TPUGenerationConfig)
+    return check_variables(with_renamed(os.environ if environ is None else environ), ENV, _parse, TPUGenerationConfig)

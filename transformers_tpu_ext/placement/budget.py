@@ -104,6 +104,10 @@ class Headroom:
         return isinstance(other, Headroom) and (self.bytes, self.fraction) == (other.bytes, other.fraction)
 
 
+#: A bare number of bytes below this is refused as a headroom (it would leave nothing free).
+_BARE_BYTES_MIN = 1 << 20
+
+
 def parse_size(text: str) -> int:
     """``"4GiB"`` → 4294967296, ``"512MB"`` → 512000000, ``"123"`` → 123 (Accelerate's units)."""
     match = _SIZE.match(text)
@@ -131,6 +135,12 @@ def parse_headroom(text: str) -> Headroom:
             number = None
         if number is not None and number < 1:
             return Headroom(fraction=number)
+        if number is not None and (number != int(number) or number < _BARE_BYTES_MIN):
+            # "1.5" used to mean 1 byte; "2" would mean 2 bytes: neither is what anyone means.
+            raise ValueError(
+                "a bare number is a fraction of the HBM below 1 (0.2) or a number of bytes (1073741824); "
+                f"write e.g. {value}GiB for a size"
+            )
         return Headroom(bytes=parse_size(value))
     except ValueError as error:
         raise ValueError(

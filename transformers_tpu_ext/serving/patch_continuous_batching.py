@@ -205,6 +205,8 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
         resident_bytes=init.resident,
         headroom_bytes=init.headroom,
     )
+    for note in plan.notes:
+        warn_once(note)
     if getattr(user, "use_async_batching", None):
         warn_once("asynchronous batching needs device streams, which torch_tpu 0.2.0 does not provide; running synchronously")
     resolved.page_size = plan.page_size

@@ -44,6 +44,7 @@ __all__ = [
     "StepStats",
     "blocks_per_request",
     "cache_plan",
+    "capped_rungs",
     "fit_request",
     "configure",
     "current",
@@ -314,6 +315,15 @@ class ServeSettings:
                 for size in value:
                     _positive(name, size)
                 object.__setattr__(self, name, tuple(sorted(set(value))))
+        for name, top_name in (("token_buckets", "max_batch_tokens"), ("request_buckets", "max_requests")):
+            value, top = getattr(self, name), getattr(self, top_name)
+            if value is not None and value[-1] > top:
+                # A rung past the largest step could never be used: say so rather than drop it silently.
+                raise ValueError(
+                    f"{name}={value} goes past {top_name}={top} (the largest step, whose rung is always the "
+                    f"last): raise {top_name} to {value[-1]} ({ENV[top_name]}) or leave "
+                    f"{', '.join(str(b) for b in value if b > top)} out"
+                )
 
     def ladders(self, max_batch_tokens: int, max_requests: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The token and request ladders for a manager of these limits (explicit buckets are capped)."""
@@ -325,6 +335,27 @@ class ServeSettings:
 def _capped(buckets: tuple[int, ...], top: int) -> tuple[int, ...]:
     kept = tuple(b for b in buckets if b < top)
     return (*kept, top)
+
+
+def capped_rungs(settings: ServeSettings, max_batch_tokens: int, max_requests: int) -> list[str]:
+    """One message per explicit ladder a manager's smaller limits cut (its rungs past the limit are unused).
+
+    The settings refuse rungs past their own limits; a ``ContinuousBatchingConfig`` with a smaller
+    ``max_batch_tokens`` / ``max_requests_per_batch`` still cuts them, and the user is told.
+    """
+    notes = []
+    for name, top, field_name in (
+        ("token_buckets", max_batch_tokens, "max_batch_tokens"),
+        ("request_buckets", max_requests, "max_requests_per_batch"),
+    ):
+        value = getattr(settings, name)
+        dropped = [b for b in value or () if b > top]
+        if dropped:
+            notes.append(
+                f"the TPU serving {name} {', '.join(map(str, dropped))} go past this manager's {field_name}={top} "
+                f"(its ContinuousBatchingConfig): they are not used; the ladder is {_capped(value, top)}"
+            )
+    return notes
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -371,9 +402,33 @@ def current(environ: Mapping[str, str] | None = None) -> ServeSettings:
         raise ValueError(f"invalid TPU serving settings: {error}") from None
 
 
+def _alone(**values: Any) -> ServeSettings:
+    """Settings with one variable's value, checked alone: not against a limit another variable may raise."""
+    for name, top in (("token_buckets", "max_batch_tokens"), ("request_buckets", "max_requests")):
+        if values.get(name):
+            values.setdefault(top, max(values[name]))
+    return ServeSettings(**values)
+
+
+_alone.__name__ = ServeSettings.__name__
+
+
 def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One message per invalid serving variable, naming it (checked at activation, and by ``current()``)."""
-    return check_variables(os.environ if environ is None else environ, ENV, _parse, ServeSettings)
+    """One message per invalid serving variable, naming it (checked at activation, and by ``current()``).
+
+    Each variable alone first; then, when each is valid, all of them together (explicit buckets past
+    the largest step).
+    """
+    environ = os.environ if environ is None else environ
+    problems = check_variables(environ, ENV, _parse, _alone)
+    if problems:
+        return problems
+    values = {name: _parse(name, environ[var]) for name, var in ENV.items() if environ.get(var, "").strip()}
+    try:
+        ServeSettings(**values)
+    except ValueError as error:
+        return [f"TPU serving settings: {error}"]
+    return []
 
 
 def configure(**changes: Any) -> ServeSettings:
@@ -406,6 +461,8 @@ class ServingPlan:
     resident_bytes: int
     headroom_bytes: int
     warmup: bool = True
+    #: what the user should know about this plan (explicit rungs a smaller limit cut), logged once
+    notes: tuple[str, ...] = ()
     cache: CachePlan | None = None
     stats: StepStats = field(default_factory=StepStats)
 
@@ -472,6 +529,7 @@ def plan_for(
     tokens_top = max_batch_tokens or settings.max_batch_tokens
     requests_top = min(max_requests or settings.max_requests, tokens_top)
     tokens, requests = settings.ladders(tokens_top, requests_top)
+    notes = tuple(capped_rungs(settings, tokens_top, requests_top))
     return ServingPlan(
         max_len=max_len,
         page_size=page,
@@ -484,4 +542,5 @@ def plan_for(
         resident_bytes=int(resident_bytes),
         headroom_bytes=int(headroom_bytes),
         warmup=settings.warmup,
+        notes=notes,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHIPS", "SIMULATE_ENV", "SIMULATE_KEYS", "Chip", "parse_bytes", "parse_spec"]
+__all__ = ["CHIPS", "HOST_SHARE", "SIMULATE_ENV", "SIMULATE_KEYS", "Chip", "default_hbm", "parse_bytes", "parse_spec"]
 
 GiB = 1 << 30
 
@@ -43,6 +43,24 @@ CHIPS: dict[str, Chip] = {
     "v7": Chip("v7", 192 * GiB, (2, 4, 8), 2),
 }
 
+#: The simulated chips of a host share at most this fraction of the host's memory by default.
+HOST_SHARE = 0.5
+_HBM_STEP = 256 << 20
+
+
+def default_hbm(chip: Chip, chips: int, host_bytes: int | None) -> int:
+    """The simulated HBM per chip when none is given: the generation's, capped so that the host's
+    ``chips`` chips together fit in :data:`HOST_SHARE` of its memory (``host_bytes``), in steps of 256 MiB.
+
+    Everything on the simulated TPU lives in host memory: a v6e's 32 GiB on a 16 GiB laptop would make
+    code that sizes a buffer from the HBM (the serving KV cache) allocate more than the machine has.
+    """
+    if not host_bytes:
+        return chip.hbm_bytes
+    share = int(host_bytes * HOST_SHARE) // max(int(chips), 1)
+    return min(chip.hbm_bytes, max(share // _HBM_STEP * _HBM_STEP, _HBM_STEP))
+
+
 def parse_bytes(text: str | int) -> int:
     """``"1GiB"`` → 1073741824, ``"16GB"`` → 16000000000, ``"4096"`` → 4096."""
     from ..placement.budget import parse_size  # one size syntax for the whole project
@@ -59,7 +77,7 @@ SIMULATE_ENV = "TRANSFORMERS_TPU_EXT_SIMULATE"
 SIMULATE_KEYS = {
     "chips": "chips on the host (a count the generation has a topology for)",
     "generation": "v4, v5e, v5p, v6e or v7 (another vNN emulates a chip torch_tpu does not know)",
-    "hbm": "HBM per chip, e.g. 1GiB or 512MiB (default: the generation's)",
+    "hbm": "HBM per chip, e.g. 1GiB or 512MiB (default: the generation's, capped to fit this host's memory)",
     "untie_on_move": "1 to reproduce torch_tpu #4161 (moves untie shared parameters), 0 not to",
 }
 _ALIASES = {"hbm_bytes": "hbm", "untie": "untie_on_move"}

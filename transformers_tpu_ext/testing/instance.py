@@ -12,7 +12,7 @@ import contextlib
 from typing import Any, Iterator
 
 from . import device
-from .chips import CHIPS, parse_bytes
+from .chips import CHIPS, default_hbm, parse_bytes
 from .counters import Counters
 
 __all__ = ["DEFAULTS", "SimulatedTPU", "is_installed", "simulated_tpu"]
@@ -71,6 +71,16 @@ class SimulatedTPU:
         self.untie_on_move = DEFAULTS["untie_on_move"]
         self._hidden = 0
         return self
+
+    def hbm(self) -> int:
+        """HBM per chip, as ``get_device_properties().total_memory`` reports it: ``hbm_bytes`` when set,
+        else the generation's, capped so that the host's chips fit in half of this machine's memory
+        (:func:`.chips.default_hbm`). ``KeyError`` for a generation torch_tpu does not know."""
+        if self.hbm_bytes is not None:
+            return self.hbm_bytes
+        from .host import memory_bytes
+
+        return default_hbm(CHIPS[self.generation], self.chips, memory_bytes())
 
     @property
     def is_hidden(self) -> bool:

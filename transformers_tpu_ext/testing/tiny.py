@@ -22,6 +22,9 @@ Architectures (:data:`ARCHITECTURES`), one per decoder family Transformers ships
     gpt2      absolute (learned) position embeddings, no rotary
     phi3      partial rotary (half of each head), GQA
     gpt_neox  partial rotary (a quarter of each head), parallel residual
+
+and ``glm4`` (2 KV heads for 8 query heads), a stand-in for GLM-4 in the tensor-parallel docs.
+:func:`save_hub_stand_in` puts one in a Hugging Face cache under a Hub name.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "DEFAULT_INITIALIZER_RANGE",
     "TINY_TEXT",
     "check_context_sensitive",
+    "save_hub_stand_in",
     "save_tiny_model",
     "tiny_config",
     "tiny_lm_dataset",
@@ -106,8 +110,14 @@ _ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
-#: The architectures :func:`tiny_config` builds.
+#: The architectures :func:`tiny_config` builds, one per decoder family (the generation tests run them all).
 ARCHITECTURES: tuple[str, ...] = tuple(_ARCHS)
+
+# Built too, but not a family of their own: stand-ins for the Hub models the docs name.
+_ARCHS["glm4"] = (  # GLM-4-9B-0414's trait: 2 KV heads for many query heads (tensor parallelism rewrites it)
+    "glm4",
+    dict(_COMMON, num_attention_heads=8, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False),
+)
 
 
 def tiny_tokenizer(vocab_size: int = 320) -> Any:
@@ -139,7 +149,7 @@ def tiny_config(arch: str = "qwen3", vocab_size: int | None = None, **overrides:
     from transformers import AutoConfig
 
     if arch not in _ARCHS:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {list(ARCHITECTURES)}")
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {list(_ARCHS)}")
     model_type, traits = _ARCHS[arch]
     params: dict[str, Any] = dict(
         vocab_size=vocab_size or len(tiny_tokenizer()),
@@ -206,6 +216,29 @@ def save_tiny_model(path: str | os.PathLike[str], arch: str = "qwen3", seed: int
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_hub_stand_in(
+    repo_id: str, cache_dir: str | os.PathLike[str], arch: str = "qwen3", seed: int = 0, **overrides: Any
+) -> Path:
+    """Put a tiny model and tokenizer in a Hugging Face cache directory under a Hub name, offline.
+
+    With ``HF_HUB_CACHE=cache_dir`` and ``HF_HUB_OFFLINE=1``, code that names ``repo_id``
+    (``from_pretrained("Qwen/Qwen3-0.6B")``, ``pipeline(model=...)``, ``transformers serve Qwen/Qwen3-0.6B``,
+    ``transformers-tpu demo --model ...``) loads the tiny stand-in, as written: how the project runs its
+    docs' examples (``tests/docs``), and how your CI can run yours. Use a cache directory of its own:
+    the stand-in is the ``main`` revision of ``repo_id`` there. Returns the snapshot directory.
+    """
+    import hashlib
+
+    if repo_id.count("/") != 1:
+        raise ValueError(f"a Hub model id looks like 'org/name', got {repo_id!r}")
+    repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    revision = hashlib.sha1(f"tiny:{repo_id}:{arch}:{seed}".encode()).hexdigest()
+    snapshot = save_tiny_model(repo / "snapshots" / revision, arch=arch, seed=seed, **overrides)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
 
 
 def tiny_lm_dataset(

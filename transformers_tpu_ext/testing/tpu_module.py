@@ -126,10 +126,9 @@ class _TpuDeviceProperties:
 
 def get_device_properties(device: Any = None) -> _TpuDeviceProperties:
     chip = _chip()
-    hbm = _sim().hbm_bytes
     return _TpuDeviceProperties(
         name=chip.name,
-        total_memory=int(hbm if hbm is not None else chip.hbm_bytes),
+        total_memory=int(_sim().hbm()),
         multi_processor_count=chip.cores,
     )
 

@@ -325,13 +325,20 @@ def _host_copy(value: Any) -> Any:
     return value
 
 
-def _track_loss(loss: Any) -> None:
-    """What the Trainer does with each step's loss (its NaN/Inf filter and on-device running sum)."""
+def _track_loss(loss: Any, args: Any) -> None:
+    """What the Trainer does with each step's loss: its NaN/Inf filter and on-device running sum, and
+    what logging does with that sum (gathered over processes, averaged, then zeroed in place)."""
     import torch
 
     torch.isnan(loss)
     torch.isinf(loss)
-    torch.zeros((), dtype=loss.dtype, device=loss.device).add_(loss)
+    running = torch.zeros((), dtype=loss.dtype, device=loss.device).add_(loss)
+    try:
+        from transformers.trainer import nested_gather
+    except ImportError:  # another Transformers release: the logging ops compile at the first log
+        return
+    nested_gather(running, args.parallel_mode).mean()
+    running -= running
 
 
 class _Warmup:
@@ -376,7 +383,7 @@ class _Warmup:
                 batch = trainer._prepare_inputs(batch)
                 items = trainer._get_num_items_in_batch([batch], args.device)
                 loss = trainer.training_step(model, batch, items)
-                _track_loss(loss)
+                _track_loss(loss, args)
                 if args.max_grad_norm and args.max_grad_norm > 0:
                     trainer._clip_grad_norm(model)
                 trainer.optimizer.step()
