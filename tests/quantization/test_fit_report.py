@@ -63,6 +63,30 @@ def test_predicted_int8_bytes_are_the_bytes_torchao_puts_on_the_tpu(simulated_tp
     assert _on_tpu(model) - _buffers(model) == predicted
 
 
+def test_the_serving_cache_budget_counts_int8_weights_by_their_inner_tensors(simulated_tpu, paths):
+    # The paged cache is sized from HBM minus these bytes. Keyed by data_ptr() (0 for every torchao Int8Tensor,
+    # and a handle that must never be a key on a chip), all int8 weights collapsed into one tensor of the outer dtype.
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import TorchAoConfig
+
+    from transformers_tpu_ext.serving.patch_continuous_batching import _resident_bytes
+
+    simulated_tpu.configure(chips=1)
+    model = AutoModelForCausalLM.from_pretrained(
+        paths["llama"], dtype=torch.bfloat16, device_map="auto", quantization_config=TorchAoConfig(Int8WeightOnlyConfig())
+    )
+    weights = [p for p in model.parameters() if type(p).__name__ == "Int8Tensor"]
+    assert len(weights) > 1 and {p.data_ptr() for p in weights} == {0}
+
+    def inner(t):  # torchao's own declaration of the tensors a subclass holds
+        names = [*getattr(t, "tensor_data_names", []), *getattr(t, "optional_tensor_data_names", [])]
+        return [getattr(t, n) for n in names if getattr(t, n, None) is not None] if names else [t]
+
+    truth = sum(leaf.numel() * leaf.element_size() for t in [*model.parameters(), *model.buffers()] for leaf in inner(t))
+    assert _resident_bytes(model) == _on_tpu(model) == truth
+
+
 def test_an_fp8_checkpoint_is_reported_in_fp8_first(paths):
     reports = fit_report(paths["fp8"], chips=1, generations="v6e")
     assert [r.weights for r in reports] == ["fp8", "bf16", "int8"]
