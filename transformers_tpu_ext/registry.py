@@ -36,6 +36,8 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "tp_plan_rewrite": "parallelism",
         "tp_kv_cache": "parallelism",
         "continuous_batching": "serving",
+        "quantizers": "quantization",
+        "finegrained_fp8": "quantization",
         "torch_ddp": "training",
         "torch_optimizer": "training",
         "accelerate_state": "training",

@@ -134,7 +134,7 @@ def test_the_architecture_table_matches_the_registry():
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         folder = cells[1].strip("`/")
-        for name, target in re.findall(r"`([a-z_]+)`: `([a-z_.]+)`", cells[2]):
+        for name, target in re.findall(r"`([a-z0-9_]+)`: `([a-z0-9_.]+)`", cells[2]):
             documented[name] = (folder, target)
     expected = {
         name: (registry.capability(name), importlib.import_module(registry.module_name(name)).TARGET)

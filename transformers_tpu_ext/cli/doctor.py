@@ -351,15 +351,65 @@ def main(argv: list[str] | None = None) -> int:
         description="Versions, TPU chips and HBM, active/skipped patches and known problems.",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
+    fit = parser.add_argument_group(
+        "fit report", "--fit MODEL_OR_CONFIG: which TPUs hold a model, from its config alone (meta device, no weights)"
+    )
+    fit.add_argument("--fit", metavar="MODEL_OR_CONFIG", help="a Hub id, a local folder or a config.json")
+    fit.add_argument("--chips", type=_counts, help="chip counts to show, e.g. 1 or 1,4 (default: every topology)")
+    fit.add_argument("--generation", type=_names, help="TPU generations to show, e.g. v5e,v6e (default: all)")
+    fit.add_argument("--weights", type=_names, help="weight formats: bf16, int8, fp8 (default: all three)")
+    fit.add_argument("--kv", type=_names, default=["bf16"], help="KV cache formats: bf16, int8 (int8: a projection, no int8 KV cache yet; default: bf16)")
+    fit.add_argument("--context", type=int, default=4096, help="cached positions a decode step reads (default: 4096)")
+    fit.add_argument("--batch", type=int, default=1, help="rows decoded together (default: 1)")
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
+    if args.fit is not None:
+        return _fit(args)
     report = collect()
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
         print(format_text(report))
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        return [int(part) for part in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a chip count or a comma-separated list of them") from None
+
+
+def _fit(args: argparse.Namespace) -> int:
+    """``doctor --fit``: the fit report of a model or config (exit status 2 when it cannot be made)."""
+    from ..quantization import capacity
+    from ..quantization import fit_report
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reports = fit_report(
+                args.fit,
+                chips=args.chips,
+                generations=args.generation,
+                weights=args.weights,
+                kv=args.kv,
+                context=args.context,
+                batch=args.batch,
+            )
+    except (OSError, ValueError) as error:
+        print(f"transformers-tpu doctor --fit: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([report.asdict() for report in reports], indent=2))
+    else:
+        print(capacity.format_report(reports))
     return 0
 
 

@@ -296,12 +296,11 @@ def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
 
 
 def _resident_bytes(model: Any) -> int:
-    """Bytes of the model's parameters and buffers on the TPU (a tied tensor counted once)."""
-    seen: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if is_tpu(tensor):
-            seen[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
-    return sum(seen.values())
+    """Bytes of the model's parameters and buffers on the TPU (a tied tensor counted once; quantized tensor
+    subclasses by their inner tensors: torchao's report their outer dtype and ``data_ptr() == 0``)."""
+    from ..quantization.runtime import resident_bytes
+
+    return resident_bytes([*model.parameters(), *model.buffers()], is_tpu)
 
 
 # -------------------------------------------------------------------------------------------------

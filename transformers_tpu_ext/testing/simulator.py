@@ -13,7 +13,18 @@ from typing import Any
 
 import torch
 
-from . import autocast, compile_backend, device, foreach, pinned, process_group, random_ops, serialization, synchronize
+from . import (
+    autocast,
+    compile_backend,
+    device,
+    foreach,
+    pinned,
+    process_group,
+    quantized_ops,
+    random_ops,
+    serialization,
+    synchronize,
+)
 from . import chips as chips_module
 from .instance import DEFAULTS, SimulatedTPU, is_installed, set_current, simulated_tpu
 
@@ -115,6 +126,7 @@ def _register_torch() -> None:
     serialization.register()
     autocast.register()
     random_ops.register()
+    quantized_ops.register()
     synchronize.register()
     foreach.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)

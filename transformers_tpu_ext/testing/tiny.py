@@ -39,6 +39,7 @@ __all__ = [
     "TINY_TEXT",
     "check_context_sensitive",
     "save_hub_stand_in",
+    "save_tiny_fp8_model",
     "save_tiny_model",
     "tiny_config",
     "tiny_lm_dataset",
@@ -239,6 +240,44 @@ def save_hub_stand_in(
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
     return snapshot
+
+
+def save_tiny_fp8_model(
+    path: str | os.PathLike[str],
+    arch: str = "qwen3",
+    seed: int = 0,
+    block: tuple[int, int] = (16, 16),
+    **overrides: Any,
+) -> Path:
+    """Save a tiny FineGrainedFP8 checkpoint (and its tokenizer) to ``path``, as the Hub's FP8 checkpoints are.
+
+    The model is :func:`tiny_model`'s; every linear layer but the output head is quantized by Transformers'
+    own ``Fp8Quantize`` (``float8_e4m3fn`` weights, a float32 ``weight_scale_inv`` per block) and the config
+    carries ``quantization_config = {"quant_method": "fp8", "weight_block_size": block, ...}``. The tiny
+    models are 32 wide, so the blocks are 16x16 (real checkpoints use 128x128; the code is the same).
+    Load it with ``from_pretrained(path)``; ``quantization_config=FineGrainedFP8Config(dequantize=True)``
+    gives the same values in the model's dtype.
+    """
+    import types
+
+    import torch
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    path = Path(path)
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(arch, seed=seed, vocab_size=len(tokenizer), **overrides)
+    config = FineGrainedFP8Config(weight_block_size=list(block))
+    quantize = Fp8Quantize(types.SimpleNamespace(quantization_config=config))
+    head = model.get_output_embeddings()
+    state = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module is not head:
+            state.update(quantize._quantize_one(f"{name}.weight", module.weight.detach()))
+    model.config.quantization_config = config.to_dict()
+    model.save_pretrained(path, state_dict=state)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def tiny_lm_dataset(
