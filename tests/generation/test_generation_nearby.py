@@ -1,0 +1,125 @@
+"""Issue 18, found next to its items: the same user code on plain CPU (plugin off) and on the
+simulated TPU (plugin on) must agree. Same conventions and public-API-only rule as
+``test_generation_paths.py`` (whose helpers this file reuses).
+
+- N2 (item 1's cause): ``inputs_embeds`` with a dynamic cache and a padded batch.
+- N3 (item 1's cause): several sampled sequences per prompt with a dynamic cache.
+- N5 (item 2's cause): ``use_cache=False`` with ``return_dict_in_generate=True``.
+- N6 (item 3's cause): a manager destroyed without being started leaves the model unusable.
+- N8: a ``generate()`` nested inside another (a logits processor that generates) inherits the outer
+  call's padding state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_generation_paths import (  # noqa: E402
+    NEW_TOKENS,
+    _manager,
+    assert_same_tokens,
+    context_sensitive_model,
+    cpu_tpu_and_upstream_tpu,
+    plugin_disabled,
+    ragged_batch,
+    tokens,
+    tpu,  # noqa: F401 - the fixture
+)
+
+
+def test_inputs_embeds_with_a_dynamic_cache_get_the_cpus_tokens(tpu):  # noqa: F811
+    model = context_sensitive_model()
+    ids, mask = ragged_batch(model.config.vocab_size)
+    embeds = model.get_input_embeddings()(ids).detach()
+
+    def run(model: Any, device: str) -> Any:
+        out = model.generate(
+            inputs_embeds=embeds.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS,
+            do_sample=False, cache_implementation="dynamic",
+        )
+        return tokens(out)
+
+    expected, got, upstream_on_tpu = cpu_tpu_and_upstream_tpu(run, model)
+    assert torch.equal(upstream_on_tpu, expected), "precondition: upstream on the simulated TPU gives the CPU's tokens"
+    assert_same_tokens(got, expected)
+
+
+def test_several_sampled_sequences_with_a_dynamic_cache_get_the_cpus_tokens(tpu):  # noqa: F811
+    model = context_sensitive_model()
+    ids, mask = ragged_batch(model.config.vocab_size)
+
+    def run(model: Any, device: str) -> Any:
+        torch.manual_seed(0)
+        out = model.generate(
+            ids.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS, do_sample=True, top_k=20,
+            num_return_sequences=2, cache_implementation="dynamic",
+        )
+        return tokens(out)
+
+    expected, got, upstream_on_tpu = cpu_tpu_and_upstream_tpu(run, model)
+    assert torch.equal(upstream_on_tpu, expected), "precondition: upstream on the simulated TPU gives the CPU's tokens"
+    assert_same_tokens(got, expected)
+
+
+def test_use_cache_false_with_a_returned_dict_gets_the_cpus_tokens(tpu):  # noqa: F811
+    model = context_sensitive_model()
+    ids, mask = ragged_batch(model.config.vocab_size)
+
+    def run(model: Any, device: str) -> Any:
+        out = model.generate(
+            ids.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS, do_sample=False,
+            use_cache=False, return_dict_in_generate=True,
+        )
+        return tokens(out)
+
+    expected, got, upstream_on_tpu = cpu_tpu_and_upstream_tpu(run, model)
+    assert torch.equal(upstream_on_tpu, expected), "precondition: upstream on the simulated TPU gives the CPU's tokens"
+    assert_same_tokens(got, expected)
+
+
+def test_a_manager_destroyed_without_starting_leaves_the_model_usable(tpu):  # noqa: F811
+    model = context_sensitive_model()
+    ids = torch.randint(2, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(0))
+    with plugin_disabled(), torch.no_grad():
+        _manager(model).destroy()
+        expected = model(ids).logits
+    model.to("tpu")
+    _manager(model).destroy()
+    with torch.no_grad():
+        got = model(ids.to("tpu")).logits.cpu()
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_a_generate_nested_in_a_logits_processor_is_its_own_call(tpu):  # noqa: F811
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    model = context_sensitive_model()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, model.config.vocab_size, (1, 10), generator=gen)
+    inner_prompt = torch.randint(2, model.config.vocab_size, (1, 5), generator=gen)
+
+    def run(model: Any, device: str) -> Any:
+        inner = []
+
+        class Nested(LogitsProcessor):  # e.g. a reranker that asks the same model
+            def __call__(self, input_ids: Any, scores: Any) -> Any:
+                if not inner:
+                    inner.append(tokens(model.generate(inner_prompt.to(device), max_new_tokens=3, do_sample=False)))
+                return scores
+
+        # A static cache without compilation: the outer call is bucketed (padded), nothing compiles.
+        outer = model.generate(
+            ids.to(device), max_new_tokens=3, do_sample=False, cache_implementation="static", disable_compile=True,
+            logits_processor=LogitsProcessorList([Nested()]),
+        )
+        return torch.cat([tokens(outer).flatten(), inner[0].flatten()])[None]
+
+    with plugin_disabled():
+        expected = run(model, "cpu")
+    model.to("tpu")
+    assert_same_tokens(run(model, "tpu"), expected)
