@@ -8,6 +8,10 @@ simulated TPU (plugin on) must agree. Same conventions and public-API-only rule 
 - N6 (item 3's cause): a manager destroyed without being started leaves the model unusable.
 - N8: a ``generate()`` nested inside another (a logits processor that generates) inherits the outer
   call's padding state.
+- Classifier-free guidance (``guidance_scale``): its processor runs the model on sequences the plugin
+  kept on the CPU (raised on main).
+- A model that takes no ``position_ids`` (BART's decoder): the plugin's left padding shifted its
+  positions (wrong tokens on main), and a static cache changes them too.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from test_generation_paths import (  # noqa: E402
     cpu_tpu_and_upstream_tpu,
     plugin_disabled,
     ragged_batch,
+    tiny,
     tokens,
     tpu,  # noqa: F401 - the fixture
 )
@@ -123,3 +128,49 @@ def test_a_generate_nested_in_a_logits_processor_is_its_own_call(tpu):  # noqa: 
         expected = run(model, "cpu")
     model.to("tpu")
     assert_same_tokens(run(model, "tpu"), expected)
+
+
+# -------------------------------------------------------------------------------------------------
+# Found while implementing issue 18 (same class: a path next to a tested one, not proven equal)
+
+
+def test_classifier_free_guidance_gets_the_cpus_tokens(tpu):  # noqa: F811
+    # Its logits processor runs the model on the sequences, which a handled call keeps on the CPU:
+    # on main it raised "aten.embedding.default: tensor is expected to be on tpu, got cpu".
+    model = context_sensitive_model()
+    ids, mask = ragged_batch(model.config.vocab_size)
+
+    def run(model: Any, device: str) -> Any:
+        out = model.generate(
+            ids.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS, do_sample=False, guidance_scale=1.5
+        )
+        return tokens(out)
+
+    expected, got, upstream_on_tpu = cpu_tpu_and_upstream_tpu(run, model)
+    assert torch.equal(upstream_on_tpu, expected), "precondition: upstream on the simulated TPU gives the CPU's tokens"
+    assert_same_tokens(got, expected)
+
+
+def test_a_model_that_derives_its_positions_itself_gets_the_cpus_tokens(tpu):  # noqa: F811
+    # BART's decoder takes no position_ids: it reads its positions off the cache, so the plugin's
+    # left padding shifted them (on main), and even upstream's own static cache gives other tokens
+    # than its dynamic one (so the static cache by default is not proven for it either).
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=320, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, init_std=0.3, pad_token_id=0,
+        is_decoder=True, is_encoder_decoder=False,
+    )
+    model = transformers.BartForCausalLM(config).eval()
+    tiny.check_context_sensitive(model)
+    ids, mask = ragged_batch(config.vocab_size)
+
+    def run(model: Any, device: str) -> Any:
+        out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS, do_sample=False)
+        return tokens(out)
+
+    expected, got, upstream_on_tpu = cpu_tpu_and_upstream_tpu(run, model)
+    assert torch.equal(upstream_on_tpu, expected), "precondition: upstream on the simulated TPU gives the CPU's tokens"
+    assert_same_tokens(got, expected)

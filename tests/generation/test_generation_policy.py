@@ -53,7 +53,6 @@ def test_calls_left_entirely_to_upstream(facts, reason):
         (replace(inputs="inputs_embeds", ids_bucketable=False), "not a 2D tensor"),
         (replace(other_batched_inputs=True), "other per-row inputs"),
         (replace(accepts_attention_mask=False), "no attention mask"),
-        (replace(accepts_position_ids=False), "no position ids"),
         (replace(outputs_attentions_or_states=True, cache_implementation="static"), "attentions"),
     ],
 )
@@ -81,6 +80,8 @@ def test_handled_but_not_bucketed(facts, reason):
         # Models whose layers a static cache does not hold as full-length key/value layers.
         (replace(layer_types_static=False), {}, "layers a static cache does not hold"),
         (replace(layer_types_static=False, cache_implementation="static"), {}, "layers a static cache"),
+        (replace(accepts_position_ids=False), {}, "takes no position ids"),
+        (replace(accepts_position_ids=False, cache_implementation="static"), {}, "takes no position ids"),
         (replace(supports_default_cache=False), {}, "makes its own cache"),
         (replace(supports_default_cache=False, cache_implementation="static"), {}, "makes its own cache"),
         # Item 4: upstream re-tokenizes the prompt the plugin would have padded.

@@ -86,7 +86,7 @@ class ModelKind:
     supports_default_cache: bool = True  # Transformers makes Cache objects for it (not Mamba, RWKV, XLNet...)
     layer_types: tuple[str, ...] = ("full_attention",)  # its text layers, as its caches see them
     accepts_attention_mask: bool = True
-    accepts_position_ids: bool = True  # else positions follow the columns: left padding would shift them
+    accepts_position_ids: bool = True  # else it derives positions itself (from the cache, the columns...)
     custom_mask_function: bool = False  # it overrides create_masks_for_generate (multimodal models)
     causal: bool = True  # config.is_causal
 
@@ -192,11 +192,12 @@ class CallPlan:
 def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, str]:
     """The KV cache a handled call runs with: ``("static" | "default", why)``, or ``(None, why not)``.
 
-    Only a ``StaticCache`` generate() makes itself is recognised, on a model whose every text layer it
-    holds as a full-length key/value layer: the caller's ``cache_implementation="static"``, or the
-    plugin's default where the caller asked for no cache (``static_cache``: the setting). The device
-    loop's mask, the bucket padding and the cache handed back are proven for that cache alone; any
-    other (a dynamic, quantized or offloaded cache, a cache object passed in, no cache) is upstream's.
+    Only a ``StaticCache`` generate() makes itself is recognised (the caller's
+    ``cache_implementation="static"``, or the plugin's default where the caller asked for no cache;
+    ``static_cache``: the setting), on a model that takes the position ids generate() computes and
+    whose every text layer the cache holds as a full-length key/value layer. The device loop's mask,
+    the bucket padding and the cache handed back are proven for that cache alone; any other (a
+    dynamic, quantized or offloaded cache, a cache object passed in, no cache) is upstream's.
     """
     if facts.user_cache:
         return None, "a cache object was passed in (its kind and length are the caller's)"
@@ -206,6 +207,10 @@ def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, s
         return None, "the model makes its own cache (no Cache object)"
     if not facts.layer_types_static:
         return None, "the model has layers a static cache does not hold as full-length key/value layers"
+    if not facts.accepts_position_ids:
+        # It derives positions itself (from the cache's length, the mask...): a static cache or left
+        # padding can change them (BART's decoder: upstream's own static cache differs from its dynamic one).
+        return None, "the model takes no position ids (it derives them itself)"
     if facts.cache_implementation == "static":
         return "static", "cache_implementation='static'"
     if facts.cache_implementation is not None:
@@ -260,8 +265,6 @@ def _why_not_bucketed(facts: CallFacts, bucketing: bool) -> str | None:
         return "other per-row inputs would need padding too"
     if not facts.accepts_attention_mask:
         return "the model takes no attention mask"
-    if not facts.accepts_position_ids:
-        return "the model takes no position ids (left padding would shift its positions)"
     if facts.outputs_attentions_or_states:
         return "attentions/hidden states are returned with the padded shapes"
     return None
