@@ -151,7 +151,8 @@ def _recipe(model: Any, input_ids: Any, logits_processor: Any, stopping_criteria
 
 
 def _runs(qwen3: Any) -> dict[str, Callable[[Any], tuple[Any, dict]]]:
-    """How each row of the table is written: ``monkeypatch -> (model, generate kwargs)``; inputs on the TPU."""
+    """How each row of the table is written: ``monkeypatch -> (model, generate kwargs[, context])``;
+    inputs on the TPU, ``generate()`` called inside ``context`` if given."""
     import torch
     from transformers import DynamicCache, LogitsProcessorList
 
@@ -175,6 +176,9 @@ def _runs(qwen3: Any) -> dict[str, Callable[[Any], tuple[Any, dict]]]:
         tokenizer.bos_token = tokenizer.eos_token  # heal_tokens needs one; the tiny models use id 1 for both
         prompt = tokenizer(["The secret to baking a good cake i"], return_tensors="pt").input_ids
         return qwen3, {"input_ids": prompt, "max_new_tokens": NEW, "do_sample": False, "token_healing": True, "tokenizer": tokenizer}
+
+    def eager_stance(monkeypatch: Any) -> tuple[Any, dict, Any]:
+        return qwen3, plain, torch.compiler.set_stance("force_eager")
 
     def other_model(build: Callable[[], Any], **extra: Any) -> Callable:
         def run(monkeypatch: Any) -> tuple[Any, dict]:
@@ -208,6 +212,7 @@ def _runs(qwen3: Any) -> dict[str, Callable[[Any], tuple[Any, dict]]]:
             "`past_key_values=cache` (any cache object: one you made, one a previous call returned)": lambda mp: (
                 qwen3, {**plain, "past_key_values": DynamicCache(config=qwen3.config)}),
             "`token_healing=True`": healing,
+            'inside `torch.compiler.set_stance("force_eager")`': eager_stance,
             "`assistant_model=assistant`, `prompt_lookup_num_tokens=3`": lambda mp: (
                 qwen3, {**plain, "input_ids": ids[:1], "attention_mask": None, "prompt_lookup_num_tokens": 3}),
             "`custom_generate=...` (contrastive search, DoLa and the other Hub recipes)": lambda mp: (
@@ -253,9 +258,9 @@ def test_each_documented_row_takes_its_path(simulated_tpu, monkeypatch):
     wrong = {}
     for example in paths.EXAMPLES:
         with monkeypatch.context() as patch:
-            model, kwargs = runs[example.writes](patch)
+            model, kwargs, *context = runs[example.writes](patch)
             kwargs = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            with _logged_decisions() as messages:
+            with _logged_decisions() as messages, (context[0] if context else contextlib.nullcontext()):
                 try:
                     model.generate(**kwargs)
                 except Exception as error:

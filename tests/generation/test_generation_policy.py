@@ -72,6 +72,7 @@ def test_handled_but_not_bucketed(facts, reason):
         (replace(cache_implementation="offloaded_static"), {}, "cache_implementation='offloaded_static'"),
         (replace(cache_implementation="quantized"), {}, "cache_implementation='quantized'"),
         (replace(disable_compile=True), {}, "disable_compile=True"),
+        (replace(eager_stance=True), {}, 'set_stance("force_eager")'),
         (PLAIN, {"static_cache": False}, "TRANSFORMERS_TPU_EXT_STATIC_CACHE=0"),
         (replace(returns_cache=True, outputs_attentions_or_states=True), {}, "attentions"),
         # Item 2: no cache at all.
@@ -102,6 +103,7 @@ def test_calls_whose_cache_or_options_are_not_recognised_are_upstreams(facts, se
 def test_the_cache_choice_recognises_generates_static_cache_only():
     assert policy.cache_choice(PLAIN, static_cache=True) == ("default", "no cache asked for: the static cache")
     assert policy.cache_choice(replace(cache_implementation="static"), static_cache=False)[0] == "static"
+    assert policy.cache_choice(replace(cache_implementation="static", eager_stance=True), static_cache=True)[0] == "static"
     # The caller's static cache keeps upstream's attentions (as wide as the cache): not refused.
     assert policy.cache_choice(replace(cache_implementation="static", outputs_attentions_or_states=True), static_cache=True)[0] == "static"
 

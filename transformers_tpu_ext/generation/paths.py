@@ -87,6 +87,7 @@ EXAMPLES: tuple[Example, ...] = (
     Example("`past_key_values=cache` (any cache object: one you made, one a previous call returned)", call={"cache_object": True}),
     Example("`use_cache=False`", {"use_cache": False}),
     Example("`disable_compile=True`", {"disable_compile": True}),
+    Example('inside `torch.compiler.set_stance("force_eager")`', call={"eager_stance": True}),
     Example("`TRANSFORMERS_TPU_EXT_STATIC_CACHE=0`", settings={"static_cache": False}),
     Example("`token_healing=True`", {"token_healing": True}),
     Example("`return_dict_in_generate=True, output_attentions=True` (or `output_hidden_states=True`)",

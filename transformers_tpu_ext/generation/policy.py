@@ -101,6 +101,7 @@ class CallShape:
     other_batched_inputs: bool = False  # per-row tensors we would have to pad too
     cache_object: bool = False  # a Cache object passed in (past_key_values= / cache=)
     logits_callbacks: bool = False  # a logits_processor list or a prefix_allowed_tokens_fn of the caller's
+    eager_stance: bool = False  # called under torch.compiler.set_stance("force_eager")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class CallFacts:
     cache_implementation: str | None = None
     use_cache: bool = True
     disable_compile: bool = False
+    eager_stance: bool = False  # torch.compiler.set_stance("force_eager")
     supports_default_cache: bool = True
     layer_types_static: bool = True  # every text layer type in STATIC_LAYER_TYPES
     returns_cache: bool = False  # return_dict_in_generate: the cache reaches the user
@@ -167,6 +169,7 @@ def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape,
         cache_implementation=option["cache_implementation"],  # type: ignore[arg-type]
         use_cache=option["use_cache"] is not False,
         disable_compile=bool(option["disable_compile"]),
+        eager_stance=call.eager_stance,
         supports_default_cache=model.supports_default_cache,
         layer_types_static=set(model.layer_types) <= STATIC_LAYER_TYPES,
         returns_cache=returns,
@@ -219,6 +222,8 @@ def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, s
         return None, "the static cache by default is off (TRANSFORMERS_TPU_EXT_STATIC_CACHE=0)"
     if facts.disable_compile:
         return None, "disable_compile=True (the static cache by default is for compiling)"
+    if facts.eager_stance:
+        return None, 'torch.compiler.set_stance("force_eager") (the static cache by default is for compiling)'
     if facts.outputs_attentions_or_states:
         # Returned attentions are as wide as the cache: a static one would change their shapes.
         return None, "attentions/hidden states returned (as wide as the cache)"

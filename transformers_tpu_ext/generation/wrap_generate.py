@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from typing import Any
 
 from ..backend import is_tpu
@@ -108,9 +109,16 @@ def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> pol
         other_batched_inputs=_has_other_batched_inputs(call, main_name),
         cache_object=call.get("cache") is not None or call.get("past_key_values") is not None,
         logits_callbacks=bool(call.get("logits_processor")) or call.get("prefix_allowed_tokens_fn") is not None,
+        eager_stance=_eager_stance(),
     )
     options = {name: getattr(generation_config, name, None) for name in (*policy.OPTION_DEFAULTS, *policy.HOST_OPTIONS)}
     return policy.call_facts(options, model_kind(model), shape, device_decode=settings.device_decode)
+
+
+def _eager_stance() -> bool:
+    """Whether the call runs under ``torch.compiler.set_stance("force_eager")`` (TorchDynamo's stance)."""
+    frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(getattr(frame, "_stance", None), "stance", None) == "force_eager"
 
 
 def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[dict, CallState, Any] | None:
