@@ -12,6 +12,8 @@ simulated TPU (plugin on) must agree. Same conventions and public-API-only rule 
   kept on the CPU (raised on main).
 - A model that takes no ``position_ids`` (BART's decoder): the plugin's left padding shifted its
   positions (wrong tokens on main), and a static cache changes them too.
+- N9 (item 6's cause): a static cache upstream makes later (prompt lookup) was sized from the
+  plugin's own earlier cache.
 """
 
 from __future__ import annotations
@@ -174,3 +176,19 @@ def test_a_model_that_derives_its_positions_itself_gets_the_cpus_tokens(tpu):  #
     expected, got, upstream_on_tpu = cpu_tpu_and_upstream_tpu(run, model)
     assert torch.equal(upstream_on_tpu, expected), "precondition: upstream on the simulated TPU gives the CPU's tokens"
     assert_same_tokens(got, expected)
+
+
+def test_a_static_cache_upstream_makes_after_the_plugins_has_upstreams_length(tpu):  # noqa: F811
+    # N9: a call the plugin leaves to upstream (prompt lookup) that makes a static cache, on a model
+    # the plugin used before, sized it from the plugin's own 64-slot cache (on main).
+    ids = torch.randint(2, 300, (1, 9), generator=torch.Generator().manual_seed(0))
+    lookup = dict(prompt_lookup_num_tokens=3, cache_implementation="static", max_new_tokens=4, do_sample=False)
+
+    def run(model: Any, device: str) -> dict:
+        model.generate(ids.to(device), max_new_tokens=3, do_sample=False)  # the plugin's default static cache
+        model.generate(ids.to(device), **lookup)
+        return dict(previous=model._previous_max_cache_length, tokens=tokens(model.generate(ids.to(device), **lookup)).tolist())
+
+    with plugin_disabled():
+        expected = run(context_sensitive_model(), "cpu")  # a fresh model: it remembers its static caches
+    assert run(context_sensitive_model().to("tpu"), "tpu") == expected
