@@ -19,7 +19,10 @@ Qwen3-shaped model, computes the CPU reference tokens first, then moves the mode
 - ``tpu_inputs``: one prompt, three identical calls;
 - ``mixed``: a fixed workload of varied batch sizes, prompt lengths and ``max_new_tokens``;
 - ``decode_bytes``: host<->device bytes per row and decode step in steady state, with a
-  32,000-token vocabulary, batch 1 and 8, inputs on the CPU and on the TPU, greedy and sampling.
+  32,000-token vocabulary, batch 1 and 8, inputs on the CPU and on the TPU, greedy, sampling and an
+  option that needs the logits on the host (``repetition_penalty``: the host loop);
+- ``prefill_bytes``: host<->device bytes of one prefill in steady state (a one-token call), a
+  batch of 4 short prompts (one chunk) and 2 long ones (three chunks).
 
 Printed JSON: programs compiled (graphs + eager per-shape programs) and their growth over the
 second half, host<->device bytes, wall time, padding and attention overheads, tokens equal to the
@@ -149,9 +152,12 @@ def worker(side: str, quick: bool) -> dict:
         matches.append(bool(torch.equal(out.cpu(), ref)))
         padded_batch, padded_prompt = plan_of(batch, length)
         padding.append((batch, length, made, padded_batch, padded_prompt))
-        # A static cache is as long as the longest Transformers made for this model so far.
+        # A static cache is as long as the longest made for this model so far: Transformers keeps that
+        # length in _previous_max_cache_length, the plugin its own (static_cache.FLOOR), leaving
+        # Transformers' attribute as it would be without the plugin (issue 18, item 6).
         static = side != "plain"
-        attention.append((batch, length, made, padded_batch, getattr(model, "_previous_max_cache_length", None) if static else None))
+        longest = getattr(model, "_tpu_ext_cache_floor", None) or getattr(model, "_previous_max_cache_length", None)
+        attention.append((batch, length, made, padded_batch, longest if static else None))
     total_wall = time.perf_counter() - start_all
     half = len(per_call) // 2
     first = sum((d for d, _, _ in per_call[:half]), type(per_call[0][0])())
@@ -179,6 +185,7 @@ def worker(side: str, quick: bool) -> dict:
         "calls_matching_cpu": sum(matches),
     }
     result["decode_bytes"] = decode_bytes(sim, side, quick)
+    result["prefill_bytes"] = prefill_bytes(sim, model, place, extra, quick)
 
     # Sampling with a seed stays reproducible.
     outs = []
@@ -207,7 +214,12 @@ def decode_bytes(sim, side: str, quick: bool) -> dict:
     for batch in (1,) if quick else (1, 8):
         for where in ("cpu", "tpu"):
             prompt = torch.randint(2, 32000, (batch, 10), generator=gen).to(where)
-            for mode, kwargs in (("greedy", {"do_sample": False}), ("sample", {"do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 0.7})):
+            modes = (
+                ("greedy", {"do_sample": False}),
+                ("sample", {"do_sample": True, "top_k": 50, "top_p": 0.9, "temperature": 0.7}),
+                ("host_loop", {"do_sample": False, "repetition_penalty": 1.3}),
+            )
+            for mode, kwargs in modes:
                 counts = {}
                 for new in (short, long):
                     model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **kwargs, **extra)
@@ -220,6 +232,26 @@ def decode_bytes(sim, side: str, quick: bool) -> dict:
                     "h2d_bytes_per_row_step": round(delta.h2d_bytes / steps, 1),
                     "new_programs": delta.programs,
                 }
+    return report
+
+
+def prefill_bytes(sim, model, place, extra: dict, quick: bool) -> dict:
+    """Bytes host->TPU and TPU->host of one prefill in steady state: a one-token call (the prefill
+    chooses it), the second of two identical calls, so nothing compiles and nothing is first-time."""
+    import torch
+
+    gen = torch.Generator().manual_seed(9)
+    report = {}
+    cases = {"batch4_prompt12": (4, 12)} if quick else {"batch4_prompt12": (4, 12), "batch2_prompt150": (2, 150)}
+    for name, (batch, length) in cases.items():
+        ids = torch.randint(2, model.config.vocab_size, (batch, length), generator=gen)
+        mask = torch.ones_like(ids)
+        mask[1:, : length // 4] = 0  # a ragged batch, left-padded as a tokenizer pads it
+        for _ in range(2):
+            before = sim.counters()
+            model.generate(place(ids), attention_mask=place(mask), max_new_tokens=1, do_sample=False, **extra)
+            delta = sim.counters() - before
+        report[name] = {"h2d_bytes": delta.h2d_bytes, "d2h_bytes": delta.d2h_bytes, "new_programs": delta.programs}
     return report
 
 

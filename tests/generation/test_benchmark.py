@@ -50,7 +50,15 @@ def test_quick_run_prints_the_json_report(tmp_path):
     assert plugin["tpu_inputs"]["new_programs_per_token_after_first_call"] == 0
     assert plugin["mixed"]["tokens_match_cpu"]
     assert plugin["mixed"]["padding_overhead"] >= 1.0 and plugin["mixed"]["attention_overhead"] >= 1.0
-    assert set(plugin["decode_bytes"]) == {f"batch1/inputs_{w}/{m}" for w in ("cpu", "tpu") for m in ("greedy", "sample")}
-    for steady in plugin["decode_bytes"].values():  # only token ids cross per step (issue 11's goals)
-        assert steady["d2h_bytes_per_row_step"] <= 16 and steady["h2d_bytes_per_row_step"] <= 64
+    modes = ("greedy", "sample", "host_loop")
+    assert set(plugin["decode_bytes"]) == {f"batch1/inputs_{w}/{m}" for w in ("cpu", "tpu") for m in modes}
+    for name, steady in plugin["decode_bytes"].items():
         assert steady["new_programs"] == 0
+        if name.endswith("host_loop"):  # the logits come to the host; only the token ids go back (issue 18, item 7)
+            assert steady["d2h_bytes_per_row_step"] >= 320 * 4 and steady["h2d_bytes_per_row_step"] <= 64
+        else:  # only token ids cross per step (issue 11's goals)
+            assert steady["d2h_bytes_per_row_step"] <= 16 and steady["h2d_bytes_per_row_step"] <= 64
+    # One prefill of 4 rows, one 16-token chunk, a 64-long cache: the 2D mask (4 x 64) crosses, never the
+    # 4D one (4 x 16 x 64 bytes) (issue 18, item 7).
+    prefill = plugin["prefill_bytes"]["batch4_prompt12"]
+    assert prefill["new_programs"] == 0 and prefill["h2d_bytes"] < 4 * 16 * 64

@@ -74,3 +74,14 @@ def test_attention_overhead_counts_the_static_cache_the_decode_steps_attend_to()
     assert attention_overhead([(3, 10, 4, 4, 64)]) == 4 * 3 * 64 / (3 * 36)  # dummy rows attend too
     # After one 300-token prompt, a 10-token call still attends to the 512-long cache.
     assert attention_overhead([(1, 10, 5, 1, 512)]) == 4 * 512 / (4 * 10 + 10)
+
+
+def test_warmup_rows_are_buckets_for_greedy_and_real_sizes_for_sampling():
+    # Issue 18, item 5: the sampling choice is compiled per real row count (it draws over the real
+    # rows only), so a sampling warm-up runs each size it is given; greedy runs each bucket once.
+    ladder = (1, 2, 4, 8)
+    assert buckets.warmup_rows([1, 2, 3, 4], 4, ladder, sampling=False) == [1, 2, 4]
+    assert buckets.warmup_rows([1, 2, 3, 4], 4, ladder, sampling=True) == [1, 2, 3, 4]
+    assert buckets.warmup_rows([3, 3, 5], 8, ladder, sampling=True) == [3, 5]
+    assert buckets.warmup_rows(None, 8, ladder, sampling=False) == [1, 2, 4, 8]
+    assert buckets.warmup_rows(None, 4, ladder, sampling=True) == [1, 2, 4]  # sampling services pass their sizes

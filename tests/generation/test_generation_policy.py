@@ -1,4 +1,10 @@
-"""Which path a generate() call takes on TPU (pure policy: ``transformers_tpu_ext.generation_policy``)."""
+"""Which path a generate() call takes on TPU (pure policy: ``transformers_tpu_ext.generation.policy``).
+
+One test per "safe when" predicate and per reason it gives: the static-cache substitution
+(``cache_choice``), the bucket padding (``plan_call``), the device loop (``decode_path``) and the
+device masks (``mask_path``), plus ``call_facts`` (options, model, arguments -> facts) and an
+exhaustive check that the device loop is never reachable without generate()'s static cache.
+"""
 
 from __future__ import annotations
 
@@ -44,20 +50,62 @@ def test_calls_left_entirely_to_upstream(facts, reason):
 @pytest.mark.parametrize(
     "facts, reason",
     [
-        (replace(user_cache=True), "no static cache"),  # no default static cache with a cache passed in
-        (replace(cache_implementation="static", user_cache=True), "cache was passed in"),
-        (replace(cache_implementation="dynamic"), "no static cache"),
         (replace(inputs="inputs_embeds", ids_bucketable=False), "not a 2D tensor"),
         (replace(other_batched_inputs=True), "other per-row inputs"),
         (replace(accepts_attention_mask=False), "no attention mask"),
         (replace(outputs_attentions_or_states=True, cache_implementation="static"), "attentions"),
-        (replace(guidance=True), "guidance"),
     ],
 )
 def test_handled_but_not_bucketed(facts, reason):
     result = plan(facts)
     assert not result.upstream and not result.bucket
     assert reason in result.reason
+
+
+@pytest.mark.parametrize(
+    "facts, settings, reason",
+    [
+        # Issue 18, item 1: every KV cache other than generate()'s static one is upstream's.
+        (replace(user_cache=True), {}, "cache object was passed in"),
+        (replace(cache_implementation="static", user_cache=True), {}, "cache object was passed in"),
+        (replace(cache_implementation="dynamic"), {}, "cache_implementation='dynamic'"),
+        (replace(cache_implementation="offloaded_static"), {}, "cache_implementation='offloaded_static'"),
+        (replace(cache_implementation="quantized"), {}, "cache_implementation='quantized'"),
+        (replace(disable_compile=True), {}, "disable_compile=True"),
+        (replace(eager_stance=True), {}, 'set_stance("force_eager")'),
+        (PLAIN, {"static_cache": False}, "TRANSFORMERS_TPU_EXT_STATIC_CACHE=0"),
+        (replace(returns_cache=True, outputs_attentions_or_states=True), {}, "attentions"),
+        # Item 2: no cache at all.
+        (replace(use_cache=False), {}, "use_cache=False"),
+        (replace(use_cache=False, cache_implementation="static"), {}, "use_cache=False"),
+        # Models whose layers a static cache does not hold as full-length key/value layers.
+        (replace(layer_types_static=False), {}, "layers a static cache does not hold"),
+        (replace(layer_types_static=False, cache_implementation="static"), {}, "layers a static cache"),
+        (replace(accepts_position_ids=False), {}, "takes no position ids"),
+        (replace(accepts_position_ids=False, cache_implementation="static"), {}, "takes no position ids"),
+        (replace(supports_default_cache=False), {}, "makes its own cache"),
+        (replace(supports_default_cache=False, cache_implementation="static"), {}, "makes its own cache"),
+        # Item 4: upstream re-tokenizes the prompt the plugin would have padded.
+        (replace(token_healing=True), {}, "token_healing"),
+        # Its processor runs the model on the sequences (kept on the CPU by a handled call).
+        (replace(guidance=True), {}, "classifier-free guidance"),
+    ],
+)
+def test_calls_whose_cache_or_options_are_not_recognised_are_upstreams(facts, settings, reason):
+    result = plan(facts, **settings)
+    assert result.upstream and reason in result.reason
+    assert not result.static_cache and not result.bucket
+    assert policy.cache_choice(facts, static_cache=settings.get("static_cache", True))[0] is None or (
+        facts.token_healing or facts.guidance
+    )
+
+
+def test_the_cache_choice_recognises_generates_static_cache_only():
+    assert policy.cache_choice(PLAIN, static_cache=True) == ("default", "no cache asked for: the static cache")
+    assert policy.cache_choice(replace(cache_implementation="static"), static_cache=False)[0] == "static"
+    assert policy.cache_choice(replace(cache_implementation="static", eager_stance=True), static_cache=True)[0] == "static"
+    # The caller's static cache keeps upstream's attentions (as wide as the cache): not refused.
+    assert policy.cache_choice(replace(cache_implementation="static", outputs_attentions_or_states=True), static_cache=True)[0] == "static"
 
 
 def test_returned_attentions_keep_upstreams_dynamic_cache():
@@ -72,9 +120,8 @@ def test_inputs_embeds_still_get_the_static_cache():
 
 
 def test_settings_and_options_that_turn_the_static_cache_off():
-    assert not plan(static_cache=False).static_cache
-    assert not plan(replace(disable_compile=True)).static_cache
-    assert not plan(replace(use_cache=False)).static_cache
+    for result in (plan(static_cache=False), plan(replace(disable_compile=True)), plan(replace(use_cache=False))):
+        assert result.upstream and not result.static_cache
     assert not plan(replace(supports_default_cache=False)).static_cache
     assert not plan(bucketing=False).bucket
     explicit = plan(replace(cache_implementation="static"), static_cache=False)
@@ -122,6 +169,12 @@ def test_the_device_loop_takes_the_scores_only_processors():
         (dict(processors=("RepetitionPenaltyLogitsProcessor", "TopKLogitsWarper")), "RepetitionPenaltyLogitsProcessor"),
         (dict(processors=("PrefixConstrainedLogitsProcessor",)), "PrefixConstrained"),
         (dict(model_kwargs=("cache", "token_type_ids")), "token_type_ids"),
+        # Issue 18, items 1-2: the loop feeds one token a step against a mask as long as the static cache.
+        (dict(cache="DynamicCache"), "static cache (here: DynamicCache)"),
+        (dict(cache="none", use_cache=False), "static cache (here: none)"),
+        (dict(use_cache=False), "static cache"),
+        (dict(cache="QuantizedCache"), "QuantizedCache"),
+        (dict(causal=False), "not causal"),
     ],
 )
 def test_the_host_loop_and_why(changes, reason):
@@ -129,6 +182,74 @@ def test_the_host_loop_and_why(changes, reason):
 
     path = policy.decode_path(dataclasses.replace(LOOP, **changes))
     assert not path.device and reason in path.reason
+
+
+def test_the_device_loop_is_never_taken_without_generates_static_cache_and_device_mask():
+    # Every combination of the boolean facts and cache kinds: the device loop implies the call's
+    # device mask, and that mask implies generate()'s static cache, in use.
+    import dataclasses
+    import itertools
+
+    flags = ("device_decode", "outputs_scores_or_logits", "outputs_attentions_or_states", "synced_gpus",
+             "custom_mask_function", "use_cache", "causal")
+    for values in itertools.product((False, True), repeat=len(flags)):
+        for cache in ("static", "none", "DynamicCache", "StaticCache"):
+            for mode in ("greedy_search", "sample", "beam_search"):
+                facts = dataclasses.replace(LOOP, mode=mode, cache=cache, **dict(zip(flags, values)))
+                masks = policy.mask_path(facts)
+                if policy.decode_path(facts).device:
+                    assert masks.device
+                if masks.device:
+                    assert facts.cache == "static" and facts.use_cache and facts.causal and not facts.custom_mask_function
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        (dict(cache="DynamicCache"), "DynamicCache"),
+        (dict(use_cache=False), "static cache"),
+        (dict(custom_mask_function=True), "its own generation masks"),
+        (dict(causal=False), "not causal"),
+    ],
+)
+def test_masks_are_built_on_the_host_where_the_call_mask_is_not_proven(changes, reason):
+    import dataclasses
+
+    assert policy.mask_path(LOOP).device
+    assert policy.mask_path(dataclasses.replace(LOOP, mode="beam_search")).device  # beams share their prompt's mask
+    path = policy.mask_path(dataclasses.replace(LOOP, **changes))
+    assert not path.device and reason in path.reason
+
+
+def test_call_facts_reads_options_model_and_arguments():
+    model, shape = policy.ModelKind(), policy.CallShape()
+    assert policy.call_facts({}, model, shape, device_decode=True) == policy.CallFacts(
+        mode="greedy_search", device_decode_possible=True
+    )
+    facts = policy.call_facts(
+        {"cache_implementation": "dynamic", "use_cache": False, "token_healing": True, "guidance_scale": 1.5,
+         "return_dict_in_generate": True, "output_hidden_states": True, "do_sample": True},
+        policy.ModelKind(layer_types=("full_attention", "linear_attention"), accepts_position_ids=False),
+        policy.CallShape(mode="sample", cache_object=True),
+        device_decode=True,
+    )
+    assert (facts.cache_implementation, facts.use_cache, facts.token_healing, facts.guidance) == ("dynamic", False, True, True)
+    assert facts.outputs_attentions_or_states and facts.returns_cache and facts.do_sample and facts.user_cache
+    assert not facts.layer_types_static and not facts.accepts_position_ids
+    assert not facts.device_decode_possible  # guidance needs the host
+    # What keeps the device loop away, before upstream built the processors:
+    for options, model, shape, settings in (
+        ({"repetition_penalty": 1.3}, policy.ModelKind(), shape, True),
+        ({"return_dict_in_generate": True, "output_scores": True}, policy.ModelKind(), shape, True),
+        ({}, policy.ModelKind(custom_mask_function=True), shape, True),
+        ({}, policy.ModelKind(), policy.CallShape(logits_callbacks=True), True),
+        ({}, policy.ModelKind(), shape, False),
+    ):
+        assert not policy.call_facts(options, model, shape, device_decode=settings).device_decode_possible
+    # Only full-attention and sliding-window layers are held by the static cache as full-length layers.
+    for layers, static in ((("full_attention", "sliding_attention"), True), (("chunked_attention",), False),
+                           (("full_attention", "dummy"), False), (("conv", "full_attention"), False)):
+        assert policy.call_facts({}, policy.ModelKind(layer_types=layers), shape, device_decode=True).layer_types_static is static
 
 
 @pytest.mark.parametrize(

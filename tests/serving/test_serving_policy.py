@@ -165,3 +165,27 @@ def test_a_smaller_continuous_batching_config_cuts_explicit_rungs_with_a_note():
     assert plan.request_buckets == (8, 16)
     (note,) = plan.notes
     assert "request_buckets 32, 64" in note and "max_requests_per_batch=16" in note
+
+
+def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_upstream():
+    # Issue 18, item 3 ("safe when"): the TPU path gives the model a dispatching attention; models
+    # whose attention it would not compute as upstream keep upstream's manager, unpatched.
+    taken = [serving.ServeFacts(), serving.ServeFacts(attention="eager"), serving.ServeFacts(attention="paged|eager"),
+             serving.ServeFacts(layer_types=("sliding_attention", "full_attention"))]
+    for facts in taken:
+        assert serving.paged_path(facts)[0]
+    refused = {
+        "tensor parallelism": serving.ServeFacts(tensor_parallel=True),
+        "encoder-decoder": serving.ServeFacts(encoder_decoder=True),
+        "flash_attention_2": serving.ServeFacts(attention="flash_attention_2"),
+        "flex_attention": serving.ServeFacts(attention="flex_attention"),
+        "linear_attention": serving.ServeFacts(layer_types=("full_attention", "linear_attention")),
+        "chunked_attention": serving.ServeFacts(layer_types=("chunked_attention",)),
+        "sinks": serving.ServeFacts(attention_sinks=True),
+        "eager_attention_forward": serving.ServeFacts(attention="eager", eager_function=False),
+    }
+    for reason, facts in refused.items():
+        taken, why = serving.paged_path(facts)
+        assert not taken and reason in why
+    assert serving.paged_path(serving.ServeFacts(eager_function=False))[0]  # SDPA falls back to the registry's
+    assert set(serving.PAGED_FALLBACKS.values()) == {"sdpa", "eager"}

@@ -3,7 +3,8 @@
 The decisions (pure modules, no torch, no Transformers):
 
 - :mod:`.policy`: which path a call takes (left to upstream, or handled: static cache, buckets,
-  the device loop), with the reason;
+  the device loop, masks built on the device), one "safe when" predicate per path, with the reason;
+- :mod:`.paths`: the docs table of those paths (what you write -> the path), computed from them;
 - :mod:`.buckets`: the padded shapes of a call (prompt, batch, cache) and what padding costs;
 - :mod:`.config`: the settings (``TRANSFORMERS_TPU_EXT_*`` variables, :func:`configure`).
 

@@ -127,6 +127,21 @@ def plan(
     )
 
 
+def warmup_rows(batch_sizes: Sequence[int] | None, largest: int, ladder: Sequence[int], *, sampling: bool) -> list[int]:
+    """The batch sizes ``warmup()`` runs one call with, so that every batch the service makes finds its graphs.
+
+    ``largest`` is the largest batch bucket. Greedy decoding compiles per batch *bucket*: one call per
+    bucket the sizes map to (every bucket up to ``largest`` without ``batch_sizes``). Sampling draws
+    over the real rows only, so its token choice compiles per *real* batch size: one call per size
+    given (each call pads itself to its bucket, so the bucket's other graphs are shared).
+    """
+    if batch_sizes is None:
+        return sorted({b for b in ladder if b < largest} | {largest})
+    if sampling:
+        return sorted(set(batch_sizes))
+    return sorted({batch_bucket(b, ladder) for b in batch_sizes})
+
+
 def padding_overhead(calls: Iterable[tuple[int, int, int, int, int]]) -> float:
     """Tokens computed / tokens needed over ``(batch, prompt, new, padded_batch, padded_prompt)`` calls.
 

@@ -33,8 +33,13 @@ class CallState:
     padding: Padding = field(default_factory=Padding)
     forced_chunk: bool = False  # the plugin chose prefill_chunk_size
     user_cache_kind: str | None = None  # what the caller will see in output.cache: "static", "dynamic"
-    previous_cache_length: int = -1  # model._previous_max_cache_length before the call
     upstream_cache_length: int = 0  # the static-cache length upstream would have chosen
+    #: ``model._previous_max_cache_length`` as upstream would leave it after the call (``MISSING``: unset);
+    #: the plugin's own caches never count (``wrap_prepare.prepare_cache_for_generation``).
+    upstream_previous: Any = None
+    #: ``(cache, mask)`` while the call's 4D masks are built on the device from ``mask`` (2D, on the
+    #: TPU, as long as ``cache``): what the mask builder hands the model (``wrap_prepare``).
+    device_mask: Any = None
 
 
 #: The call in flight in this thread or task (``None`` outside a TPU ``generate()``).
@@ -69,6 +74,22 @@ def bind(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
 def custom_masks(model: Any) -> bool:
     """Whether the model builds its own generation masks (multimodal models): no device loop then."""
     return getattr(type(model), "create_masks_for_generate", None) is not None
+
+
+def model_kind(model: Any) -> policy.ModelKind:
+    """The facts of ``model`` the policy reads (``policy.ModelKind``)."""
+    from .static_cache import text_layer_types
+
+    parameters = inspect.signature(model.forward).parameters
+    return policy.ModelKind(
+        encoder_decoder=bool(model.config.is_encoder_decoder),
+        supports_default_cache=model._supports_default_dynamic_cache(),
+        layer_types=text_layer_types(model),
+        accepts_attention_mask="attention_mask" in parameters,
+        accepts_position_ids="position_ids" in parameters,
+        custom_mask_function=custom_masks(model),
+        causal=getattr(model.config, "is_causal", True) is not False,
+    )
 
 
 def in_handled_call(body: Any) -> Any:

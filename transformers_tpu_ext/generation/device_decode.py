@@ -13,9 +13,10 @@ stopping criteria, its streamer protocol) and changes where three things happen:
   tensors: one graph for every value), then ``argmax`` or ``multinomial`` over the real rows,
   drawing from the TPU's default generator (seeded by ``torch.manual_seed``). Only the chosen ids
   come back: 8 bytes a row and step.
-- **The attention mask stays on the TPU**: a 2D mask as long as the static cache, built once per
-  call (padding columns 0, everything else 1; causality hides the positions not written yet).
-  The model builds its 4D masks inside the compiled forward.
+- **The attention mask stays on the TPU**: the call's 2D mask as long as the static cache, sent once
+  before the prefill (:func:`call_mask`: padding columns 0, everything else 1; causality hides the
+  positions not written yet). The model builds its 4D masks inside the compiled forward, for the
+  prefill chunks and every step.
 - **Positions stay on the TPU** and advance by one inside the compiled choice.
 
 The ids the host appended (finished rows get the pad token, as upstream feeds them) go back as
@@ -25,31 +26,27 @@ stopping criteria and the streamer, exactly as upstream does.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeviceSelector", "device_masks_active", "sample_on_device"]
-
-#: True while the device loop prepares a decode step: the generation patch's replacement of
-#: upstream's ``create_masks_for_generate`` then hands the 2D device mask to the model unchanged.
-_device_masks: contextvars.ContextVar[bool] = contextvars.ContextVar("transformers_tpu_ext_device_masks", default=False)
+__all__ = ["DeviceSelector", "call_mask", "sample_on_device"]
 
 
-def device_masks_active() -> bool:
-    return _device_masks.get()
+def call_mask(mask: Any, cache: Any, rows: int, device: Any) -> Any:
+    """The call's 2D mask on ``device`` (bool, ``[rows, cache length]``: ``mask``'s columns, then ones;
+    all ones if upstream dropped an all-ones mask), or ``None`` where it does not apply (a cache of
+    no single length, a mask that is not 2D or is longer than the cache). Sent once per call."""
+    import torch
 
-
-@contextlib.contextmanager
-def _masks_on_device():
-    token = _device_masks.set(True)
-    try:
-        yield
-    finally:
-        _device_masks.reset(token)
+    length = _cache_length(cache)
+    if length is None or (mask is not None and (mask.dim() != 2 or mask.shape[0] != rows or mask.shape[1] > length)):
+        return None
+    full = torch.ones((rows, length), dtype=torch.bool)
+    if mask is not None:
+        full[:, : mask.shape[1]] = mask.cpu().bool()
+    return full.to(device)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -228,12 +225,14 @@ def sample_on_device(
     padding: Any,
     compile_backend: Any,
     model_kwargs: dict,
+    mask: Any,
 ) -> Any:
     """Greedy decoding or sampling with the choice on the TPU; returns what ``_sample`` returns.
 
     ``input_ids`` (padded, on the CPU) grow on the host; ``logits_processor`` is upstream's prepared
     list (only processors ``DeviceSelector`` implements); ``stopping_criteria`` and ``streamer`` are
-    already the user's views; ``padding`` is the call's ``generation_views.Padding``.
+    already the user's views; ``padding`` is the call's ``generation_views.Padding``; ``mask`` is the
+    call's device mask (:func:`call_mask`), which the mask builder hands the model for this call.
     """
     import torch
     from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -259,7 +258,6 @@ def sample_on_device(
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
     cache = model_kwargs.get("cache")
-    mask = _device_mask(model_kwargs.get("attention_mask"), cache, device)
     positions = model_kwargs.get("position_ids")
     if positions is not None:
         positions = (positions[:, -1:] - 1).to(device)  # the prefill's last position; the choice adds one
@@ -282,15 +280,14 @@ def sample_on_device(
                 streamer.put(tokens)
             if unfinished.max() == 0:
                 break
-            with _masks_on_device():
-                model_inputs = model.prepare_inputs_for_generation(
-                    tokens[:, None].to(device),
-                    next_sequence_length=1,
-                    cache=cache,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    **step_kwargs,
-                )
+            model_inputs = model.prepare_inputs_for_generation(
+                tokens[:, None].to(device),
+                next_sequence_length=1,
+                cache=cache,
+                attention_mask=mask,
+                position_ids=positions,
+                **step_kwargs,
+            )
             outputs = model_forward(**model_inputs, return_dict=True)
             cache = outputs.get("cache", cache)
             chosen, positions = selector(outputs.logits[:, -1, :], positions, input_ids.shape[1] - padding.pad)
@@ -301,20 +298,6 @@ def sample_on_device(
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=input_ids, cache=cache)
     return input_ids
-
-
-def _device_mask(mask: Any, cache: Any, device: Any) -> Any:
-    """The decode steps' 2D mask: as long as the static cache, 1 past the prompt, on the TPU (sent once)."""
-    import torch
-
-    if mask is None:
-        return None
-    length = _cache_length(cache)
-    if length is None or length < mask.shape[1]:
-        return mask.to(device)
-    full = torch.ones((mask.shape[0], length), dtype=torch.bool)
-    full[:, : mask.shape[1]] = mask.bool()
-    return full.to(device)
 
 
 def _cache_length(cache: Any) -> int | None:

@@ -1,29 +1,46 @@
 """Which path a ``generate()`` call takes on TPU: plain decisions over plain facts (no torch, no transformers).
 
-The generation wrappers (``wrap_generate``, ``wrap_decoding``) gather the facts of a call (:class:`CallFacts`, then :class:`LoopFacts`
-once upstream has built the logits processors) and asks this module what to do:
+Each path the plugin can put a call on changes what Transformers computes, so each has a "safe
+when" predicate here, returning the path and the reason; a call it does not positively recognise is
+Transformers' call, untouched:
 
-1. :func:`plan_call`: is the call left to upstream entirely, or handled (growing tensors on the
-   CPU, static cache by default, shapes bucketed)? May dummy rows pad the batch?
-2. :func:`decode_path`: does the decoding loop run on the device (token selection on the TPU, only
-   token ids cross the host link) or on the host (upstream's loop: logits come back every step)?
+1. :func:`cache_choice`: the **static-cache substitution**: the KV cache a handled call runs with
+   (generate()'s own ``StaticCache``: the caller's ``cache_implementation="static"``, or the
+   plugin's default when the caller asked for none); every other cache leaves the call to upstream.
+2. :func:`plan_call`: is the call left to upstream entirely, or handled (growing tensors on the CPU,
+   the static cache)? Is it **padded to buckets** (prompt, batch, cache length; see
+   :func:`_why_not_bucketed`), and may dummy rows pad the batch?
+3. :func:`decode_path`: does the **device loop** run it (token choice on the TPU, only token ids
+   cross the host link) or upstream's loop?
+4. :func:`mask_path`: are the call's **4D masks built on the device** from its 2D mask (sent once),
+   or by upstream on the host?
 
-Every decision comes with its reason, so the patch can log it and the docs can list it. See
-``docs/generation.md`` ("Which path a call takes").
+The glue reads the facts off the model (:class:`ModelKind`), the generation options and the call's
+arguments (:class:`CallShape`); :func:`call_facts` turns them into :class:`CallFacts`, the same way
+for a real call and for the docs table (``generation.paths``). ``TRANSFORMERS_VERBOSITY=debug``
+logs every decision with its reason. See ``docs/generation.md`` ("Which path a call takes").
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
     "DEVICE_PROCESSORS",
     "HOST_OPTIONS",
+    "OPTION_DEFAULTS",
+    "STATIC_LAYER_TYPES",
     "CallFacts",
     "CallPlan",
+    "CallShape",
     "DecodePath",
     "LoopFacts",
+    "ModelKind",
+    "cache_choice",
+    "call_facts",
     "decode_path",
+    "mask_path",
     "plan_call",
     "processors_needed",
     "tpu_compile_settings",
@@ -54,6 +71,39 @@ DEVICE_MODEL_KWARGS = frozenset(
 )
 
 
+#: Text-layer types (``config.layer_types``, as Transformers' caches read them) the plugin's static
+#: cache holds as full-length key/value layers: ``StaticLayer``, and sliding windows replaced by
+#: full-length layers masked to the window. Chunked, linear-attention, convolution, hybrid, indexed
+#: and shared ("dummy") layers are not recognised.
+STATIC_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What the glue reads off the model for a call (plain data)."""
+
+    encoder_decoder: bool = False
+    supports_default_cache: bool = True  # Transformers makes Cache objects for it (not Mamba, RWKV, XLNet...)
+    layer_types: tuple[str, ...] = ("full_attention",)  # its text layers, as its caches see them
+    accepts_attention_mask: bool = True
+    accepts_position_ids: bool = True  # else it derives positions itself (from the cache, the columns...)
+    custom_mask_function: bool = False  # it overrides create_masks_for_generate (multimodal models)
+    causal: bool = True  # config.is_causal
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What a call's arguments are, apart from its generation options (plain data)."""
+
+    mode: str = "greedy_search"  # GenerationMode value, or "custom" for custom_generate
+    inputs: str = "input_ids"  # "input_ids", "inputs_embeds" or "other" (pixel values, audio...)
+    ids_bucketable: bool = True  # a 2D integer prompt with at least one token
+    other_batched_inputs: bool = False  # per-row tensors we would have to pad too
+    cache_object: bool = False  # a Cache object passed in (past_key_values= / cache=)
+    logits_callbacks: bool = False  # a logits_processor list or a prefix_allowed_tokens_fn of the caller's
+    eager_stance: bool = False  # called under torch.compiler.set_stance("force_eager")
+
+
 @dataclass(frozen=True)
 class CallFacts:
     """What the ``generate`` wrapper knows of a call before upstream runs (plain data)."""
@@ -64,16 +114,71 @@ class CallFacts:
     ids_bucketable: bool = True  # a 2D integer prompt with at least one token
     other_batched_inputs: bool = False  # per-row tensors we would have to pad too
     accepts_attention_mask: bool = True
+    accepts_position_ids: bool = True
     user_cache: bool = False  # a Cache object passed in
     cache_implementation: str | None = None
     use_cache: bool = True
     disable_compile: bool = False
+    eager_stance: bool = False  # torch.compiler.set_stance("force_eager")
     supports_default_cache: bool = True
+    layer_types_static: bool = True  # every text layer type in STATIC_LAYER_TYPES
     returns_cache: bool = False  # return_dict_in_generate: the cache reaches the user
     outputs_attentions_or_states: bool = False
-    guidance: bool = False  # classifier-free guidance runs a second, unconditional batch
+    guidance: bool = False  # classifier-free guidance: its processor runs the model on the sequences
     do_sample: bool = False
     device_decode_possible: bool = False  # see processors_needed(): nothing needs the host
+    token_healing: bool = False  # upstream re-tokenizes the prompt inside generate()
+
+
+#: The generation options :func:`call_facts` reads, with Transformers' defaults (``GenerationConfig()``).
+OPTION_DEFAULTS: Mapping[str, object] = {
+    "cache_implementation": None,
+    "use_cache": True,
+    "disable_compile": False,
+    "return_dict_in_generate": False,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "output_scores": False,
+    "output_logits": False,
+    "do_sample": False,
+    "num_beams": 1,
+}
+
+
+def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape, *, device_decode: bool) -> CallFacts:
+    """The facts of a call: ``options`` are its resolved generation options (field -> value, absent =
+    Transformers' default), ``model`` and ``call`` what the glue read, ``device_decode`` the setting."""
+    option = {**OPTION_DEFAULTS, **{name: None for name in HOST_OPTIONS}, **options}
+    returns = bool(option["return_dict_in_generate"])
+    device_possible = (
+        device_decode
+        and not processors_needed(option)
+        and not call.logits_callbacks
+        and not (returns and (option["output_scores"] or option["output_logits"]))
+        and not model.custom_mask_function
+    )
+    return CallFacts(
+        mode=call.mode,
+        encoder_decoder=model.encoder_decoder,
+        inputs=call.inputs,
+        ids_bucketable=call.ids_bucketable,
+        other_batched_inputs=call.other_batched_inputs,
+        accepts_attention_mask=model.accepts_attention_mask,
+        accepts_position_ids=model.accepts_position_ids,
+        user_cache=call.cache_object,
+        cache_implementation=option["cache_implementation"],  # type: ignore[arg-type]
+        use_cache=option["use_cache"] is not False,
+        disable_compile=bool(option["disable_compile"]),
+        eager_stance=call.eager_stance,
+        supports_default_cache=model.supports_default_cache,
+        layer_types_static=set(model.layer_types) <= STATIC_LAYER_TYPES,
+        returns_cache=returns,
+        outputs_attentions_or_states=returns and bool(option["output_attentions"] or option["output_hidden_states"]),
+        guidance=option["guidance_scale"] not in (None, 1, 1.0),
+        do_sample=bool(option["do_sample"]),
+        device_decode_possible=device_possible,
+        token_healing=bool(option["token_healing"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -87,28 +192,66 @@ class CallPlan:
     pad_batch: bool = False  # dummy rows may round the batch up (never when they would draw random numbers)
 
 
+def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, str]:
+    """The KV cache a handled call runs with: ``("static" | "default", why)``, or ``(None, why not)``.
+
+    Only a ``StaticCache`` generate() makes itself is recognised (the caller's
+    ``cache_implementation="static"``, or the plugin's default where the caller asked for no cache;
+    ``static_cache``: the setting), on a model that takes the position ids generate() computes and
+    whose every text layer the cache holds as a full-length key/value layer. The device loop's mask,
+    the bucket padding and the cache handed back are proven for that cache alone; any other (a
+    dynamic, quantized or offloaded cache, a cache object passed in, no cache) is upstream's.
+    """
+    if facts.user_cache:
+        return None, "a cache object was passed in (its kind and length are the caller's)"
+    if not facts.use_cache:
+        return None, "use_cache=False (every step runs the whole sequence)"
+    if not facts.supports_default_cache:
+        return None, "the model makes its own cache (no Cache object)"
+    if not facts.layer_types_static:
+        return None, "the model has layers a static cache does not hold as full-length key/value layers"
+    if not facts.accepts_position_ids:
+        # It derives positions itself (from the cache's length, the mask...): a static cache or left
+        # padding can change them (BART's decoder: upstream's own static cache differs from its dynamic one).
+        return None, "the model takes no position ids (it derives them itself)"
+    if facts.cache_implementation == "static":
+        return "static", "cache_implementation='static'"
+    if facts.cache_implementation is not None:
+        return None, f"cache_implementation={facts.cache_implementation!r}"
+    if not static_cache:
+        return None, "the static cache by default is off (TRANSFORMERS_TPU_EXT_STATIC_CACHE=0)"
+    if facts.disable_compile:
+        return None, "disable_compile=True (the static cache by default is for compiling)"
+    if facts.eager_stance:
+        return None, 'torch.compiler.set_stance("force_eager") (the static cache by default is for compiling)'
+    if facts.outputs_attentions_or_states:
+        # Returned attentions are as wide as the cache: a static one would change their shapes.
+        return None, "attentions/hidden states returned (as wide as the cache)"
+    return "default", "no cache asked for: the static cache"
+
+
+#: Why an encoder-decoder model's call is upstream's (the glue says it before any planning).
+ENCODER_DECODER = "encoder-decoder model: its encoder needs the inputs on the device"
+
+
 def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallPlan:
     """Decide how a ``generate()`` call runs on TPU (``static_cache``/``bucketing``: the settings)."""
     if facts.encoder_decoder:
-        return CallPlan(True, "encoder-decoder model: its encoder needs the inputs on the device")
+        return CallPlan(True, ENCODER_DECODER)
     if facts.mode not in HANDLED_MODES:
         return CallPlan(True, f"{facts.mode} decoding is left to upstream")
     if facts.inputs == "other":
         return CallPlan(True, "non-text main input (pixel values, audio...) is left to upstream")
-
-    use_static = facts.cache_implementation == "static"
-    default_static = (
-        static_cache
-        and facts.cache_implementation is None
-        and not facts.user_cache
-        and facts.use_cache
-        and not facts.disable_compile
-        and facts.supports_default_cache
-        # Returned attentions are as wide as the cache: a static one would change their shapes.
-        and not facts.outputs_attentions_or_states
-    )
-    static = use_static or default_static
-    why_not = _why_not_bucketed(facts, static, bucketing)
+    if facts.token_healing:
+        return CallPlan(True, "token_healing re-tokenizes the prompt inside generate()")
+    if facts.guidance:
+        # Its logits processor runs the model on the sequences, which a handled call keeps on the CPU.
+        return CallPlan(True, "classifier-free guidance runs the model on the sequences inside a logits processor")
+    kind, why = cache_choice(facts, static_cache=static_cache)
+    if kind is None:
+        return CallPlan(True, why)
+    default_static = kind == "default"
+    why_not = _why_not_bucketed(facts, bucketing)
     if why_not:
         return CallPlan(False, why_not, static_cache=default_static)
     # Dummy rows would each draw a random number per step on the host path, shifting the real rows'
@@ -117,13 +260,10 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
     return CallPlan(False, "bucketed", static_cache=default_static, bucket=True, pad_batch=pad_batch)
 
 
-def _why_not_bucketed(facts: CallFacts, static: bool, bucketing: bool) -> str | None:
+def _why_not_bucketed(facts: CallFacts, bucketing: bool) -> str | None:
+    """Why a handled call (generate()'s static cache) is not padded to buckets, or ``None``."""
     if not bucketing:
         return "bucketing disabled"
-    if not static:
-        return "no static cache"
-    if facts.user_cache:
-        return "a cache was passed in"
     if facts.inputs != "input_ids" or not facts.ids_bucketable:
         return "the prompt is not a 2D tensor of token ids"
     if facts.other_batched_inputs:
@@ -132,8 +272,6 @@ def _why_not_bucketed(facts: CallFacts, static: bool, bucketing: bool) -> str | 
         return "the model takes no attention mask"
     if facts.outputs_attentions_or_states:
         return "attentions/hidden states are returned with the padded shapes"
-    if facts.guidance:
-        return "classifier-free guidance runs its own unconditional batch"
     return None
 
 
@@ -201,6 +339,11 @@ class LoopFacts:
     outputs_attentions_or_states: bool = False
     synced_gpus: bool = False
     custom_mask_function: bool = False  # the model overrides create_masks_for_generate
+    #: The loop's KV cache: "static" (generate()'s StaticCache, every layer a full-length StaticLayer
+    #: on the device, all of one length), "none", or the class name of anything else.
+    cache: str = "static"
+    use_cache: bool = True
+    causal: bool = True  # config.is_causal
 
 
 @dataclass(frozen=True)
@@ -209,20 +352,42 @@ class DecodePath:
     reason: str
 
 
+def mask_path(facts: LoopFacts) -> DecodePath:
+    """Whether the call's 4D masks are built on the device (``device``) from its 2D mask, sent once.
+
+    Safe when the cache is generate()'s static cache: the 2D mask padded with ones to the cache's
+    length is then the same for the whole call (columns past the prompt are ones, as upstream only
+    ever appends ones; causality hides the positions not written yet), so the prefill chunks and
+    every step share one device tensor and the model builds its masks inside the forward.
+    """
+    if not facts.use_cache or facts.cache != "static":
+        return DecodePath(False, f"not generate()'s static cache (here: {facts.cache})")
+    if facts.custom_mask_function:
+        return DecodePath(False, "the model builds its own generation masks")
+    if not facts.causal:
+        return DecodePath(False, "the model's attention is not causal (unwritten cache positions must stay masked)")
+    return DecodePath(True, "2D mask sent once, 4D masks built on the device")
+
+
 def decode_path(facts: LoopFacts) -> DecodePath:
-    """Device loop (token ids only cross the host link) or host loop (upstream's, logits to the host)."""
+    """Device loop (token ids only cross the host link) or host loop (upstream's, logits to the host).
+
+    The device loop feeds one token a step against the call's device mask (:func:`mask_path`): it is
+    taken only where that mask is, and never without generate()'s static cache.
+    """
     if not facts.device_decode:
         return DecodePath(False, "device decoding disabled")
     if facts.mode not in DEVICE_MODES:
         return DecodePath(False, f"{facts.mode} runs upstream's loop")
+    masks = mask_path(facts)
+    if not masks.device:
+        return DecodePath(False, "the device loop needs the call's device mask: " + masks.reason)
     if facts.outputs_scores_or_logits:
         return DecodePath(False, "output_scores/output_logits need the scores on the host")
     if facts.outputs_attentions_or_states:
         return DecodePath(False, "attentions/hidden states are returned every step")
     if facts.synced_gpus:
         return DecodePath(False, "synced_gpus")
-    if facts.custom_mask_function:
-        return DecodePath(False, "the model builds its own generation masks")
     host = sorted(set(facts.processors) - DEVICE_PROCESSORS)
     if host:
         return DecodePath(False, "logits processors that need the host: " + ", ".join(host))

@@ -1,9 +1,9 @@
 """``warmup(model, ...)`` (exported as ``transformers_tpu_ext.warmup``): precompile the buckets a service uses.
 
-Each (batch bucket, prompt bucket) pair gets one short greedy ``generate()`` with the largest
-static-cache length the service needs, so its prefill and decode graphs exist and Transformers
-keeps that cache length for every later call: after warmup, a mixed workload within the limits
-compiles nothing new. See ``docs/generation.md``.
+Each (batch bucket, prompt bucket) pair gets one short ``generate()`` (per real batch size when
+sampling: ``buckets.warmup_rows``) with the largest static-cache length the service needs, so its
+prefill and decode graphs exist and the plugin keeps that cache length for every later call: after
+warmup, a mixed workload within the limits compiles nothing new. See ``docs/generation.md``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def warmup(
     service's sampling settings: ``do_sample=True, temperature=0.7, top_p=0.9``) are passed to
     every call; do the same in the service so the graphs match. Sampling chooses tokens over the
     real rows only (so the random stream is the unpadded call's): its small choice graph is per
-    real batch size, so a sampling service passes the exact ``batch_sizes`` it serves. Off TPU it
-    does nothing and returns ``[]``.
+    real batch size, so a sampling service passes the exact ``batch_sizes`` it serves, and a
+    sampling warm-up runs one call per size given (``buckets.warmup_rows``). Off TPU it does nothing
+    and returns ``[]``.
     """
     from ..backend import is_tpu
 
@@ -47,10 +48,9 @@ def warmup(
     settings = settings_module.current()
     largest = settings.plan(max(batch_sizes or [max_batch_size]), max_prompt_length, max_new_tokens)
     cache = largest.cache
-    if batch_sizes is None:
-        rows = sorted({b for b in settings.batch_buckets if b < largest.batch} | {largest.batch})
-    else:
-        rows = sorted({settings.plan(b, 1, 1).batch for b in batch_sizes})
+    # As the service's calls decode: the arguments given, else the model's generation config.
+    sampling = bool(generate_kwargs.get("do_sample", model.generation_config.do_sample))
+    rows = buckets.warmup_rows(batch_sizes, largest.batch, settings.batch_buckets, sampling=sampling)
     top = min(largest.prompt, largest.chunk)
     prompts = sorted({buckets.prompt_bucket(p, settings.prompt_ladder(), settings.prefill_chunk)
                       for p in settings.prompt_ladder() if p <= top} | {top})
@@ -70,7 +70,7 @@ def warmup(
                     attention_mask=mask,
                     max_new_tokens=2,
                     max_cache_len=cache,
-                    **{"do_sample": False, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
+                    **{"do_sample": sampling, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
                 )
                 compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
                 progress.step(f"compiled batch {batch} x prompt {prompt} tokens (cache {cache})")

@@ -12,13 +12,86 @@ Glue over ``transformers.cache_utils`` for the generation patch (imported when a
   ``multi_query`` means one key-value head whatever ``num_kv_heads`` says).
 - :func:`as_upstream_returns`: what ``return_dict_in_generate=True`` hands back is the cache
   Transformers would have returned (its type, its length, the caller's rows, no padding columns).
+- :func:`keep_upstreams_cache_length`: Transformers keeps the longest static cache it made on the
+  model (``_previous_max_cache_length``) and sizes later static caches from it. The plugin's own
+  caches (its default static cache, its buckets) go to the plugin's own floor instead
+  (:data:`FLOOR`), so Transformers' attribute, and every cache sized from it (the one handed back,
+  one a call left to upstream makes), stays what it would be without the plugin.
+- :func:`cache_kind`, :func:`text_layer_types`: the facts the policy reads about a cache and a model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["as_upstream_returns", "attention_heads", "full_length_layers", "layers_replaced"]
+__all__ = [
+    "FLOOR",
+    "UNSET",
+    "as_upstream_returns",
+    "attention_heads",
+    "cache_kind",
+    "full_length_layers",
+    "keep_upstreams_cache_length",
+    "layers_replaced",
+    "text_layer_types",
+]
+
+#: Transformers' attribute: the longest static cache generate() made on the model (it sizes later ones).
+PREVIOUS = "_previous_max_cache_length"
+#: The plugin's own: the longest static cache a call it handled made on the model.
+FLOOR = "_tpu_ext_cache_floor"
+#: The model had no ``_previous_max_cache_length`` (Transformers reads it as -1).
+UNSET = object()
+
+
+def upstream_previous(model: Any) -> Any:
+    """``model._previous_max_cache_length`` as it is (Transformers' own: restored after each handled call), or :data:`UNSET`."""
+    return vars(model).get(PREVIOUS, UNSET)
+
+
+def keep_upstreams_cache_length(model: Any, upstream_value: Any) -> None:
+    """After a handled call: its static cache length goes to the plugin's floor, and Transformers'
+    attribute gets ``upstream_value`` back (:data:`UNSET`: none; ``None``: the call made no cache)."""
+    if upstream_value is None:
+        return
+    made = vars(model).get(PREVIOUS)
+    if isinstance(made, int) and made > getattr(model, FLOOR, 0):
+        setattr(model, FLOOR, made)
+    if upstream_value is UNSET:
+        vars(model).pop(PREVIOUS, None)
+    else:
+        setattr(model, PREVIOUS, upstream_value)
+
+
+def text_layer_types(model: Any) -> tuple[str, ...]:
+    """The model's text layer types as Transformers' caches read them (``"full_attention"``,
+    ``"sliding_attention"``, ``"linear_attention"``, ``"dummy"``...); ``("unknown",)`` if they cannot be read."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    try:
+        layer_types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    except Exception:  # a config Transformers' caches cannot read: not one the plugin recognises
+        return ("unknown",)
+    return tuple(str(layer_type) for layer_type in layer_types) or ("unknown",)
+
+
+def cache_kind(cache: Any) -> str:
+    """``"static"`` for generate()'s static cache on the device (a ``StaticCache`` whose every layer is a
+    full-length ``StaticLayer`` of one length, not offloaded), ``"none"``, else the cache's class name."""
+    if cache is None:
+        return "none"
+    from transformers.cache_utils import StaticCache, StaticLayer
+
+    layers = getattr(cache, "layers", None) or []
+    if (
+        type(cache) is StaticCache
+        and not getattr(cache, "offloading", False)
+        and layers
+        and all(type(layer) is StaticLayer for layer in layers)
+        and len({layer.max_cache_len for layer in layers}) == 1
+    ):
+        return "static"
+    return type(cache).__name__
 
 
 def full_length_layers(cache: Any, length: int | None) -> None:

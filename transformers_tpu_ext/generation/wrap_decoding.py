@@ -1,21 +1,24 @@
 """Wrappers of the decoding methods, ``sample`` and ``beam_search``, inside a handled call.
 
 Logits processors, stopping criteria, ``prefix_allowed_tokens_fn`` and streamers see only the
-caller's rows and columns (``views``); greedy decoding and sampling run the device loop
-(``device_decode``) when ``policy.decode_path`` finds nothing that needs the logits on the host.
+caller's rows and columns (``views``); the call's 4D masks are built on the device from its 2D
+mask, sent once (where ``policy.mask_path`` allows it); greedy decoding and sampling run the device
+loop (``device_decode``) when ``policy.decode_path`` finds nothing that needs the logits on the host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from typing import Any
 
 from . import policy
-from .call import CURRENT, CallState, bind, custom_masks, in_padded_call, report_failure
+from .call import CURRENT, CallState, bind, custom_masks, in_handled_call, report_failure
 from .views import CriteriaView, ProcessorsView
 
 logger = logging.getLogger("transformers_tpu_ext")
+
 
 def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = CURRENT.get()
@@ -23,54 +26,84 @@ def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return wrapped(*args, **kwargs)
     arguments = bind("_sample", args, kwargs)
     try:
-        path = _decode_path(instance, state, arguments)
+        facts = _loop_facts(instance, state, arguments)
+        path, masks = policy.decode_path(facts), policy.mask_path(facts)
     except Exception as error:  # a bug of ours: upstream's loop (with the caller's views)
         report_failure("_sample", error)
-        path = policy.DecodePath(False, "fallback")
+        path = masks = policy.DecodePath(False, "fallback")
     logger.debug("transformers-tpu-ext: decoding loop on the %s (%s)", "device" if path.device else "host", path.reason)
     padding = state.padding
     if padding:
         arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
-    if not path.device:
-        if padding:
-            arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
-        return wrapped(**arguments)
-    # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
-    # afresh; an error here (the model's, or ours) is the call's error.
-    from .device_decode import sample_on_device
+    with _device_mask(instance, state, arguments, masks) as mask:
+        if not path.device or mask is None:
+            if padding:
+                arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
+            return wrapped(**arguments)
+        # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
+        # afresh; an error here (the model's, or ours) is the call's error.
+        from .device_decode import sample_on_device
 
-    model_kwargs = {k: v for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS}
-    generation_config = arguments["generation_config"]
-    return sample_on_device(
-        instance,
-        arguments["input_ids"],
-        logits_processor=arguments["logits_processor"],  # read for their settings, never called
-        stopping_criteria=arguments["stopping_criteria"],
-        generation_config=generation_config,
-        streamer=arguments.get("streamer"),
-        padding=padding,
-        compile_backend=_choice_backend(instance, model_kwargs, generation_config),
-        model_kwargs=model_kwargs,
-    )
+        model_kwargs = {k: v for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS}
+        generation_config = arguments["generation_config"]
+        return sample_on_device(
+            instance,
+            arguments["input_ids"],
+            logits_processor=arguments["logits_processor"],  # read for their settings, never called
+            stopping_criteria=arguments["stopping_criteria"],
+            generation_config=generation_config,
+            streamer=arguments.get("streamer"),
+            padding=padding,
+            compile_backend=_choice_backend(instance, model_kwargs, generation_config),
+            model_kwargs=model_kwargs,
+            mask=mask,
+        )
 
 
-def _decode_path(model: Any, state: CallState, arguments: dict) -> policy.DecodePath:
-    """Which loop runs this ``sample`` call (``policy.decode_path`` over its facts)."""
+def _loop_facts(model: Any, state: CallState, arguments: dict) -> policy.LoopFacts:
+    """The facts of this decoding loop (``policy.decode_path`` / ``policy.mask_path`` read them)."""
+    from .static_cache import cache_kind
+
     generation_config = arguments["generation_config"]
     returns = bool(generation_config.return_dict_in_generate)
-    return policy.decode_path(
-        policy.LoopFacts(
-            mode=generation_config.get_generation_mode().value,
-            device_decode=state.settings.device_decode,
-            processors=tuple(type(p).__name__ for p in arguments["logits_processor"]),
-            model_kwargs=tuple(k for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS and v is not None),
-            outputs_scores_or_logits=returns and bool(generation_config.output_scores or generation_config.output_logits),
-            outputs_attentions_or_states=returns
-            and bool(generation_config.output_attentions or generation_config.output_hidden_states),
-            synced_gpus=bool(arguments.get("synced_gpus")),
-            custom_mask_function=custom_masks(model),
-        )
+    return policy.LoopFacts(
+        mode=generation_config.get_generation_mode().value,
+        device_decode=state.settings.device_decode,
+        processors=tuple(type(p).__name__ for p in arguments["logits_processor"]),
+        model_kwargs=tuple(k for k, v in arguments.items() if k not in _SAMPLE_PARAMETERS and v is not None),
+        outputs_scores_or_logits=returns and bool(generation_config.output_scores or generation_config.output_logits),
+        outputs_attentions_or_states=returns
+        and bool(generation_config.output_attentions or generation_config.output_hidden_states),
+        synced_gpus=bool(arguments.get("synced_gpus")),
+        custom_mask_function=custom_masks(model),
+        cache=cache_kind(arguments.get("cache")),
+        use_cache=arguments.get("use_cache") is not False,
+        causal=getattr(model.config, "is_causal", True) is not False,
     )
+
+
+@contextlib.contextmanager
+def _device_mask(model: Any, state: CallState, arguments: dict, masks: policy.DecodePath) -> Any:
+    """Within the block, the call's 4D masks are built on the device from its 2D mask (sent once, as
+    long as the static cache), where ``masks`` (``policy.mask_path``) says so; yields that mask or ``None``."""
+    mask = None
+    if masks.device:
+        from .device_decode import call_mask
+
+        cache = arguments.get("cache")
+        try:
+            mask = call_mask(arguments.get("attention_mask"), cache, arguments["input_ids"].shape[0], model.device)
+        except Exception as error:  # a bug of ours: upstream builds the masks on the host
+            report_failure("the call's device mask", error)
+        if mask is not None:
+            state.device_mask = (cache, mask)
+    logger.debug(
+        "transformers-tpu-ext: 4D masks built on the %s (%s)", "device" if mask is not None else "host", masks.reason
+    )
+    try:
+        yield mask
+    finally:
+        state.device_mask = None
 
 
 _SAMPLE_PARAMETERS = {"input_ids", "logits_processor", "stopping_criteria", "generation_config", "synced_gpus", "streamer"}
@@ -84,15 +117,20 @@ def _choice_backend(model: Any, model_kwargs: dict, generation_config: Any) -> A
     return config.backend
 
 
-@in_padded_call
+@in_handled_call
 def beam_search(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    padding = CURRENT.get().padding
+    state = CURRENT.get()
+    padding = state.padding
     arguments = bind("_beam_search", args, kwargs)
-    arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
-    arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
-    # Beam search sizes its buffers from max_length and counts the prompt from input_ids: both
-    # include the padding columns inside the loop.
-    generation_config = copy.copy(arguments["generation_config"])
-    generation_config.max_length += padding.pad
-    arguments["generation_config"] = generation_config
-    return wrapped(**arguments)
+    if padding:
+        arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
+        arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
+        # Beam search sizes its buffers from max_length and counts the prompt from input_ids: both
+        # include the padding columns inside the loop.
+        generation_config = copy.copy(arguments["generation_config"])
+        generation_config.max_length += padding.pad
+        arguments["generation_config"] = generation_config
+    # Beams of one prompt share its mask, and upstream only appends ones: the call's mask holds.
+    masks = policy.mask_path(_loop_facts(instance, state, {**arguments, "logits_processor": ()}))
+    with _device_mask(instance, state, arguments, masks):
+        return wrapped(**arguments)

@@ -12,14 +12,14 @@ the padding is taken off the result before it is returned (:func:`_restore`).
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
+import sys
 from typing import Any
 
 from ..backend import is_tpu
 from . import config as settings_module
 from . import policy, static_cache
-from .call import CURRENT, UPSTREAM, CallState, bind, custom_masks, report_failure
+from .call import CURRENT, UPSTREAM, CallState, bind, model_kind, report_failure
 from .views import Padding, StreamerView
 
 logger = logging.getLogger("transformers_tpu_ext")
@@ -34,7 +34,16 @@ _BREAK_PADDING_MASK = False
 
 
 def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if CURRENT.get() is not None or not is_tpu(getattr(instance, "device", None)):
+    if CURRENT.get() is not None:
+        # A generate() inside a call (token healing's, a callback's, an assistant's): its own call,
+        # upstream's, with every inner wrapper passing through (the outer call's padding, cache and
+        # device mask are not this call's).
+        token = CURRENT.set(UPSTREAM)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            CURRENT.reset(token)
+    if not is_tpu(getattr(instance, "device", None)):
         return wrapped(*args, **kwargs)
     # The user's mistakes surface here, once, exactly as upstream raises them: a bad setting, an
     # argument generate() does not take, an invalid generation option. Only our own planning below
@@ -43,6 +52,7 @@ def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if instance.config.is_encoder_decoder:
         # The encoder's inputs must stay on the model's device, and upstream creates the decoder's
         # growing tensors beside them: left to upstream (only the CompileConfig adaptation applies).
+        logger.debug("transformers-tpu-ext: generate() left to upstream: %s", policy.ENCODER_DECODER)
         return wrapped(*args, **kwargs)
     call = bind("generate", args, kwargs)
     generation_config, _ = instance._prepare_generation_config(
@@ -63,6 +73,7 @@ def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return _restore(result, state, out_device, instance)
     finally:
         CURRENT.reset(token)
+        static_cache.keep_upstreams_cache_length(instance, state.upstream_previous)
 
 
 def _plan_safely(model: Any, call: dict, generation_config: Any, settings: Any) -> Any:
@@ -75,6 +86,7 @@ def _plan_safely(model: Any, call: dict, generation_config: Any, settings: Any) 
 
 
 def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> policy.CallFacts:
+    """``policy.call_facts`` over the call's resolved options, the model and the call's arguments."""
     import torch
 
     main_name = "inputs" if call.get("inputs") is not None else "input_ids"
@@ -90,35 +102,23 @@ def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> pol
     mode = "custom" if call.get("custom_generate") is not None else generation_config.get_generation_mode(
         call.get("assistant_model")
     ).value
-    returns = bool(generation_config.return_dict_in_generate)
-    options = {name: getattr(generation_config, name, None) for name in policy.HOST_OPTIONS}
-    device_possible = (
-        settings.device_decode
-        and not policy.processors_needed(options)
-        and not call.get("logits_processor")
-        and call.get("prefix_allowed_tokens_fn") is None
-        and not (returns and (generation_config.output_scores or generation_config.output_logits))
-        and not custom_masks(model)
-    )
-    return policy.CallFacts(
+    shape = policy.CallShape(
         mode=mode,
-        encoder_decoder=bool(model.config.is_encoder_decoder),
         inputs=inputs,
         ids_bucketable=bucketable,
         other_batched_inputs=_has_other_batched_inputs(call, main_name),
-        accepts_attention_mask="attention_mask" in inspect.signature(model.forward).parameters,
-        user_cache=call.get("cache") is not None or call.get("past_key_values") is not None,
-        cache_implementation=generation_config.cache_implementation,
-        use_cache=generation_config.use_cache is not False,
-        disable_compile=bool(generation_config.disable_compile),
-        supports_default_cache=model._supports_default_dynamic_cache(),
-        returns_cache=returns,
-        outputs_attentions_or_states=returns
-        and bool(generation_config.output_attentions or generation_config.output_hidden_states),
-        guidance=generation_config.guidance_scale not in (None, 1, 1.0),
-        do_sample=bool(generation_config.do_sample),
-        device_decode_possible=device_possible,
+        cache_object=call.get("cache") is not None or call.get("past_key_values") is not None,
+        logits_callbacks=bool(call.get("logits_processor")) or call.get("prefix_allowed_tokens_fn") is not None,
+        eager_stance=_eager_stance(),
     )
+    options = {name: getattr(generation_config, name, None) for name in (*policy.OPTION_DEFAULTS, *policy.HOST_OPTIONS)}
+    return policy.call_facts(options, model_kind(model), shape, device_decode=settings.device_decode)
+
+
+def _eager_stance() -> bool:
+    """Whether the call runs under ``torch.compiler.set_stance("force_eager")`` (TorchDynamo's stance)."""
+    frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(getattr(frame, "_stance", None), "stance", None) == "force_eager"
 
 
 def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[dict, CallState, Any] | None:
@@ -131,6 +131,11 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
     if plan.upstream:
         logger.debug("transformers-tpu-ext: generate() left to upstream: %s", plan.reason)
         return None
+    logger.debug(
+        "transformers-tpu-ext: generate() handled: %s static cache; %s",
+        "the plugin's default" if plan.static_cache else "the caller's",
+        ("bucketed" if plan.pad_batch else "bucketed without dummy rows") if plan.bucket else f"not bucketed ({plan.reason})",
+    )
 
     call = dict(call)
     main_name = "inputs" if call.get("inputs") is not None else "input_ids"
@@ -169,7 +174,6 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         set_option("cache_implementation", "static")
     if facts.returns_cache:
         state.user_cache_kind = "static" if generation_config.cache_implementation == "static" else "dynamic"
-        state.previous_cache_length = getattr(model, "_previous_max_cache_length", -1)
 
     # 3. Buckets: batch size, prompt length (left padding), cache length.
     if plan.bucket:

@@ -9,9 +9,9 @@
   states it another way (Falcon).
 - ``prepare_inputs_for_generation``: the chunked prefill's position-id slices are made dense, so
   every prompt length reuses the chunk's graph (graphs guard on strides).
-- ``create_masks_for_generate`` (the name bound in ``transformers.generation.utils``): in a
-  device-loop step, the 2D mask goes to the model, which builds its 4D masks inside the compiled
-  forward.
+- ``create_masks_for_generate`` (the name bound in ``transformers.generation.utils``): while the
+  call's masks are built on the device (the prefill chunks and every step, on both loops), the
+  call's 2D device mask goes to the model, which builds its 4D masks inside the compiled forward.
 """
 
 from __future__ import annotations
@@ -55,12 +55,24 @@ def prepare_cache_for_generation(wrapped: Any, instance: Any, args: tuple, kwarg
     state = CURRENT.get()
     arguments = bind("_prepare_cache_for_generation", args, kwargs)
     generation_config = arguments["generation_config"]
-    state.upstream_cache_length = max(
-        arguments["max_cache_length"], generation_config.max_cache_len or 0, state.previous_cache_length
-    )
-    if state.plan.bucket and generation_config.cache_implementation == "static":
-        needed = max(arguments["max_cache_length"] + state.padding.pad, generation_config.max_cache_len or 0, 1)
-        generation_config.max_cache_len = _cache_length(state.settings, needed)
+    # Transformers' attribute is its own (restored after every handled call): the length upstream
+    # would give a static cache is computed from it, the plugin's from its own floor too.
+    previous = static_cache.upstream_previous(instance)
+    upstream_previous = previous if isinstance(previous, int) else -1
+    state.upstream_cache_length = max(arguments["max_cache_length"], generation_config.max_cache_len or 0, upstream_previous)
+    state.upstream_previous = previous
+    if generation_config.cache_implementation == "static":
+        if not state.plan.static_cache:
+            # The caller asked for a static cache: upstream would have made one this long, and kept it.
+            state.upstream_previous = state.upstream_cache_length
+        needed = max(
+            arguments["max_cache_length"] + state.padding.pad,
+            generation_config.max_cache_len or 0,
+            getattr(instance, static_cache.FLOOR, 0),
+            upstream_previous,
+            1,
+        )
+        generation_config.max_cache_len = _cache_length(state.settings, needed) if state.plan.bucket else needed
     return wrapped(**arguments)
 
 
@@ -126,14 +138,22 @@ def _contiguous_format() -> Any:
 
 
 def masks_for_generate(original: Any) -> Any:
-    """``create_masks_for_generate`` as upstream's ``prepare_inputs_for_generation`` calls it."""
+    """``create_masks_for_generate`` as upstream's ``prepare_inputs_for_generation`` calls it.
+
+    While a call's 4D masks are built on the device (``CallState.device_mask``, set by the decoding
+    wrappers where ``policy.mask_path`` allows it), the model gets the call's 2D device mask for
+    that call's cache and batch, and builds its 4D masks inside the (compiled) forward; anything
+    else gets upstream's function. A plain function (it runs next to compiled code, never inside).
+    """
 
     @functools.wraps(original)
     def create_masks_for_generate(*args: Any, **kwargs: Any) -> Any:
-        from .device_decode import device_masks_active
-
-        if device_masks_active():
-            return kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        state = CURRENT.get()
+        if state is not None and state.device_mask is not None:
+            cache, mask = state.device_mask
+            embeds = kwargs.get("inputs_embeds", args[1] if len(args) > 1 else None)
+            if kwargs.get("cache", args[3] if len(args) > 3 else None) is cache and getattr(embeds, "shape", (0,))[0] == mask.shape[0]:
+                return mask
         return original(*args, **kwargs)
 
     return create_masks_for_generate

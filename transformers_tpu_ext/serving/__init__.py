@@ -1,8 +1,11 @@
 """Serving: Transformers' continuous batching on TPU, with a fixed set of compiled step shapes.
 
-- :mod:`.policy` (pure): the token and request ladders of a step, the step shapes a warm-up
-  compiles, the paged KV cache sized from the chip's HBM, the settings (:func:`configure`).
-- :mod:`.runtime`: the pieces a step runs with (padded step inputs, the warm-up, compile settings).
+- :mod:`.policy` (pure): which managers take the TPU path (``paged_path``, a "safe when"
+  predicate; the others are upstream's), the token and request ladders of a step, the step shapes
+  a warm-up compiles, the paged KV cache sized from the chip's HBM, the settings (:func:`configure`).
+- :mod:`.runtime`: the pieces a step runs with (padded step inputs, the paged attention and the
+  dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
+  compile settings).
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
   and ``transformers serve --continuous-batching``.
 

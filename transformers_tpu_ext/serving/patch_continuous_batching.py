@@ -3,8 +3,11 @@
 Thin wrappers; each falls straight through unless the manager's model is on a TPU (a
 ``ContinuousBatchingManager`` built there carries a ``tpu_plan`` on its resolved config):
 
-- ``ContinuousBatchingManager.__init__``: plans the manager (shapes, page size, max length, HBM) and
-  switches the model's attention to ``"tpu_paged"`` (restored by ``stop()``, as upstream restores it).
+- ``ContinuousBatchingManager.__init__``: decides whether the manager takes the TPU path
+  (``serving.paged_path``: otherwise it is upstream's, unpatched), plans it (shapes, page size, max
+  length, HBM) and gives the model the dispatching attention (``"tpu_paged|sdpa"``...: the paged
+  kernel inside the manager's steps, the model's own attention everywhere else; restored by
+  ``stop()`` as upstream restores its own, or by ``destroy()`` for a manager never started).
 - ``resolve_continuous_batching_config``: step shapes from the bucket ladders, the ``tpu`` compile
   backend (a CompileConfig it would reject is adapted, with one warning), no CUDA graphs, no
   asynchronous batching (streams do not work on torch_tpu 0.2.0).
@@ -37,7 +40,7 @@ DISTRIBUTION = "transformers"
 logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
-_registered_attention: list[Any] = []  # the mapping we registered "tpu_paged" in (for revert)
+_registered_attention: list[tuple[Any, str]] = []  # (registry, name) pairs we registered (for revert)
 _saved_recompile_limit: list[int] = []
 #: TorchDynamo's recompile limit is raised to at least this (every step shape is a recompilation of one
 #: function; past the limit TorchDynamo would silently run it eagerly), as the generation patch does.
@@ -67,6 +70,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(manager, "__init__", _manager_init)
     _wraps.wrap(manager, "switch_to_cb_friendly_attn", _switch_attention)
     _wraps.wrap(manager, "start", _start)
+    _wraps.wrap(manager, "destroy", _destroy)
     _wraps.wrap(manager, "add_request", _add_request)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
@@ -81,7 +85,8 @@ def apply(module: Any) -> None:
 def revert() -> None:
     _wraps.unwrap_all()
     while _registered_attention:
-        _registered_attention.pop()._global_mapping.pop(_runtime().ATTENTION_NAME, None)
+        mapping, name = _registered_attention.pop()
+        mapping._global_mapping.pop(name, None)
     if _saved_recompile_limit:
         import torch._dynamo
 
@@ -106,8 +111,9 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     model = args[0] if args else kwargs.get("model")
     if not is_tpu(getattr(model, "device", None)):
         return wrapped(*args, **kwargs)
-    if getattr(model, "_device_mesh", None) is not None:
-        warn_once("continuous batching with tensor parallelism is not supported on TPU yet; running it unpatched")
+    taken, why = serving.paged_path(_serve_facts(model))
+    if not taken:
+        warn_once(f"continuous batching on TPU runs unpatched for this model: {why}")
         return wrapped(*args, **kwargs)
     # The user's own mistakes (a bad TRANSFORMERS_TPU_EXT_SERVE_* or HBM headroom value) raise here.
     settings = serving.current()
@@ -121,12 +127,32 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         _use_tpu_attention(instance, model)
 
 
+def _serve_facts(model: Any) -> serving.ServeFacts:
+    import torch
+
+    from ..generation.static_cache import text_layer_types
+
+    return serving.ServeFacts(
+        tensor_parallel=getattr(model, "_device_mesh", None) is not None,
+        encoder_decoder=bool(model.config.is_encoder_decoder),
+        attention=_user_attention(model),
+        layer_types=text_layer_types(model),
+        attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
+        eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
+    )
+
+
+def _user_attention(model: Any) -> str:
+    """The model's attention implementation as the user set it (not the dispatcher of a live manager)."""
+    current = str(model.config._attn_implementation)
+    if current.startswith(_runtime().ATTENTION_NAME + "|"):
+        return getattr(model, "_tpu_ext_attn_original", current)
+    return current
+
+
 def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     model = args[0] if args else kwargs["model"]
-    original = getattr(model, "_tpu_ext_attn_original", None)
-    if original is not None and model.config._attn_implementation == _runtime().ATTENTION_NAME:
-        # A manager that never started (so never stopped) left it switched: upstream's check must see the user's.
-        model.set_attn_implementation(original)
+    _restore_attention(model)  # a live or cached manager's dispatcher: upstream's check must see the user's
     result = wrapped(*args, **kwargs)
     if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None:  # a cached manager, re-used
         _use_tpu_attention(instance, model)
@@ -134,18 +160,45 @@ def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
 
 
 def _use_tpu_attention(manager: Any, model: Any) -> None:
+    """Give ``model`` the dispatching attention of its implementation (registered with its mask function)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    name = _runtime().ATTENTION_NAME
-    if ALL_ATTENTION_FUNCTIONS._global_mapping.get(name) is not _runtime().paged_attention:
-        ALL_ATTENTION_FUNCTIONS._global_mapping[name] = _runtime().paged_attention
-        _registered_attention.append(ALL_ATTENTION_FUNCTIONS)
-    original = model.config._attn_implementation
-    if original != name:
-        model._tpu_ext_attn_original = original
-        model.set_attn_implementation(name)
-        if manager._original_attn_impl is None:
-            manager._original_attn_impl = original
+    runtime = _runtime()
+    current = str(model.config._attn_implementation)
+    if current.startswith(runtime.ATTENTION_NAME + "|"):
+        return
+    fallback = serving.PAGED_FALLBACKS[current]
+    name = runtime.attention_name(fallback)
+    for mapping, function in (
+        (ALL_ATTENTION_FUNCTIONS, runtime.dispatching_attention(fallback)),
+        (ALL_MASK_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS[fallback]),
+    ):
+        if mapping._global_mapping.get(name) is not function:
+            mapping._global_mapping[name] = function
+            _registered_attention.append((mapping, name))
+    model._tpu_ext_attn_original = current
+    model.set_attn_implementation(name)
+    if manager._original_attn_impl is None:
+        manager._original_attn_impl = current
+
+
+def _restore_attention(model: Any) -> None:
+    """Give ``model`` back the attention it had before a TPU manager switched it (nothing if none did)."""
+    original = getattr(model, "_tpu_ext_attn_original", None)
+    if original is not None and str(model.config._attn_implementation).startswith(_runtime().ATTENTION_NAME + "|"):
+        model.set_attn_implementation(original)
+
+
+def _destroy(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    # Upstream restores the attention in stop(), which destroy() calls only for a running manager.
+    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None and instance._original_attn_impl:
+        model = instance.model
+        if getattr(model, "_cached_continuous_batching_manager", None) is not instance:
+            _restore_attention(model)
+            instance._original_attn_impl = None
+    return result
 
 
 def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

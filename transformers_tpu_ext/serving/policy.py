@@ -21,6 +21,9 @@ The shapes of one step (see ``docs/serving.md``):
 The cache budget: ``HBM - bytes already on the chip (weights) - headroom`` (the placement headroom,
 ``TRANSFORMERS_TPU_EXT_HBM_HEADROOM``), minus what one step needs on top of the cache at its largest
 shape; the rest becomes cache pages.
+
+Whether a manager takes this path at all is :func:`paged_path` (pure "safe when" over
+:class:`ServeFacts`): a manager it does not recognise is Transformers' own, unpatched.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from ..ladders import geometric_ladder, round_up
 from ..config import Overrides, check_variables
 
 __all__ = [
+    "PAGED_FALLBACKS",
+    "PAGED_LAYER_TYPES",
+    "ServeFacts",
+    "paged_path",
     "DEFAULT_MAX_BATCH_TOKENS",
     "DEFAULT_MAX_LEN",
     "DEFAULT_MAX_REQUESTS",
@@ -78,6 +85,47 @@ ENV: dict[str, str] = {
     "page_size": "TRANSFORMERS_TPU_EXT_SERVE_PAGE_SIZE",
     "warmup": "TRANSFORMERS_TPU_EXT_SERVE_WARMUP",
 }
+
+
+#: The attention implementations the TPU paged attention stands in for during the manager's steps,
+#: each with the implementation a forward outside those steps keeps (``generate()``, a plain
+#: forward, a ``pause()`` block, another route of ``transformers serve``).
+PAGED_FALLBACKS: Mapping[str, str] = {"sdpa": "sdpa", "eager": "eager", "paged|eager": "eager"}
+#: Text-layer types the paged attention computes as upstream does (full attention; a sliding window
+#: applied by its mask over pages that keep the whole history).
+PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
+@dataclass(frozen=True)
+class ServeFacts:
+    """What the manager's ``__init__`` wrapper reads off the model (plain data)."""
+
+    tensor_parallel: bool = False  # a device mesh (DistributedConfig(tp_size=N))
+    encoder_decoder: bool = False
+    attention: str = "sdpa"  # config._attn_implementation
+    layer_types: tuple[str, ...] = ("full_attention",)  # text layers, as the caches see them
+    attention_sinks: bool = False  # an attention module with learned sinks (gpt-oss)
+    eager_function: bool = True  # the model's file defines eager_attention_forward (the "eager" fallback)
+
+
+def paged_path(facts: ServeFacts) -> tuple[bool, str]:
+    """``(True, why)`` if the TPU serving path (planned shapes, the paged attention, the HBM-sized
+    cache) computes what upstream computes for this model; else ``(False, why not)``: the manager
+    runs unpatched."""
+    if facts.tensor_parallel:
+        return False, "tensor parallelism is not supported by TPU serving yet"
+    if facts.encoder_decoder:
+        return False, "an encoder-decoder model"
+    if facts.attention not in PAGED_FALLBACKS:
+        return False, f"attn_implementation={facts.attention!r} is not one the TPU paged attention stands in for"
+    unknown = sorted(set(facts.layer_types) - PAGED_LAYER_TYPES)
+    if unknown:
+        return False, "layers the TPU paged attention does not compute: " + ", ".join(unknown)
+    if facts.attention_sinks:
+        return False, "attention sinks (the TPU paged attention has none)"
+    if PAGED_FALLBACKS[facts.attention] == "eager" and not facts.eager_function:
+        return False, "the model's eager attention is not the standard one (no eager_attention_forward)"
+    return True, "paged attention on TPU (the model's own attention outside the manager's steps)"
 
 
 def _positive(name: str, value: Any) -> None:

@@ -6,8 +6,10 @@
   ``update`` writes the new keys/values at their slots and returns, for every scheduled token, the
   pages of its request read through a fixed-width block table: ``[Q, max_len, kv_heads, head_dim]``.
   The KV length is data (positions), never a shape. Traceable, so the whole step is one graph.
-- :func:`paged_attention` (registered as ``"tpu_paged"``): each token attends to its request's pages
-  up to its own position (and within a sliding window if the layer has one).
+- :func:`paged_attention`: each token attends to its request's pages up to its own position (and
+  within a sliding window if the layer has one). It is never registered alone: a manager's model gets
+  :func:`dispatching_attention` (``"tpu_paged|sdpa"``, ``"tpu_paged|eager"``), which runs it inside
+  the manager's steps and the model's own attention everywhere else.
 
 Nothing here is imported before Transformers is: the classes are built on first use.
 """
@@ -25,6 +27,39 @@ from . import policy as serving
 logger = logging.getLogger("transformers_tpu_ext")
 
 ATTENTION_NAME = "tpu_paged"
+
+
+def attention_name(original: str) -> str:
+    """The name registered for a manager's model whose attention was ``original`` (``tpu_paged|sdpa``...)."""
+    return f"{ATTENTION_NAME}|{original}"
+
+
+@functools.cache
+def dispatching_attention(original: str) -> Any:
+    """The paged attention inside the manager's steps (their kwargs carry ``tpu_positions``), the
+    ``original`` implementation (``"sdpa"`` or ``"eager"``) everywhere else.
+
+    So a forward outside the manager (``generate()``, a plain call, a ``pause()`` block, another route
+    of ``transformers serve``) computes what it computed before, with the masks it had (the same name
+    is registered with ``original``'s mask function). The choice is made per call, from the call's
+    own kwargs: safe with the manager's thread running next to the caller's, and resolved when a
+    step is traced (the manager's graphs are unchanged). A plain function: it runs inside them.
+    """
+    import sys
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if "tpu_positions" in kwargs:
+            return paged_attention(module, query, key, value, attention_mask, *args, **kwargs)
+        if original == "eager":  # the model file's own (soft-capping, dropout... as the model has them)
+            fallback = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            fallback = ALL_ATTENTION_FUNCTIONS[original]
+        return fallback(module, query, key, value, attention_mask, *args, **kwargs)
+
+    attention.__name__ = attention.__qualname__ = f"tpu_paged_or_{original}"
+    return attention
 
 
 def paged_attention(
