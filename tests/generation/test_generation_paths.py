@@ -118,7 +118,7 @@ def _no_compile(model: Any) -> dict:
 
 
 def _static_cache_setting_off(model: Any) -> dict:
-    return {}  # with TRANSFORMERS_TPU_EXT_STATIC_CACHE=0 (set by the test)
+    return {}  # with TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE=0 (set by the test)
 
 
 def _dynamic_cache_object(model: Any) -> dict:
@@ -135,7 +135,7 @@ def _dynamic_seeded_sampling(model: Any) -> dict:
 DYNAMIC_CACHE_CALLS = {
     "cache_implementation=dynamic": _dynamic,
     "disable_compile=True": _no_compile,
-    "TRANSFORMERS_TPU_EXT_STATIC_CACHE=0": _static_cache_setting_off,
+    "TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE=0": _static_cache_setting_off,
     "DynamicCache as past_key_values": _dynamic_cache_object,
     "dynamic cache, seeded sampling": _dynamic_seeded_sampling,
 }
@@ -145,8 +145,8 @@ DYNAMIC_CACHE_CALLS = {
 def test_a_padded_batch_with_a_dynamic_cache_gets_the_cpus_tokens(tpu, monkeypatch, how):
     # Issue 18, item 1: the device loop's 2D mask stops at the prompt, so the model pads it with
     # zeros and masks every generated token out of the later steps.
-    if how == "TRANSFORMERS_TPU_EXT_STATIC_CACHE=0":
-        monkeypatch.setenv("TRANSFORMERS_TPU_EXT_STATIC_CACHE", "0")
+    if how == "TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE=0":
+        monkeypatch.setenv("TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE", "0")
     model = context_sensitive_model()
     ids, mask = ragged_batch(model.config.vocab_size)
     options = DYNAMIC_CACHE_CALLS[how]

@@ -206,9 +206,9 @@ def _runs(qwen3: Any) -> dict[str, Callable[[Any], tuple[Any, dict]]]:
                 qwen3, {"inputs_embeds": embeds, "attention_mask": mask, "max_new_tokens": NEW, "do_sample": False}),
             "`position_ids=positions` (or another per-row tensor)": lambda mp: (
                 qwen3, {**plain, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}),
-            "`TRANSFORMERS_TPU_EXT_BUCKETS=0`": setting("TRANSFORMERS_TPU_EXT_BUCKETS", "0"),
-            "`TRANSFORMERS_TPU_EXT_DEVICE_DECODE=0`": setting("TRANSFORMERS_TPU_EXT_DEVICE_DECODE", "0"),
-            "`TRANSFORMERS_TPU_EXT_STATIC_CACHE=0`": setting("TRANSFORMERS_TPU_EXT_STATIC_CACHE", "0"),
+            "`TRANSFORMERS_TPU_EXT_GENERATE_BUCKETS=0`": setting("TRANSFORMERS_TPU_EXT_GENERATE_BUCKETS", "0"),
+            "`TRANSFORMERS_TPU_EXT_GENERATE_DEVICE_DECODE=0`": setting("TRANSFORMERS_TPU_EXT_GENERATE_DEVICE_DECODE", "0"),
+            "`TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE=0`": setting("TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE", "0"),
             "`past_key_values=cache` (any cache object: one you made, one a previous call returned)": lambda mp: (
                 qwen3, {**plain, "past_key_values": DynamicCache(config=qwen3.config)}),
             "`token_healing=True`": healing,

@@ -73,7 +73,7 @@ def test_handled_but_not_bucketed(facts, reason):
         (replace(cache_implementation="quantized"), {}, "cache_implementation='quantized'"),
         (replace(disable_compile=True), {}, "disable_compile=True"),
         (replace(eager_stance=True), {}, 'set_stance("force_eager")'),
-        (PLAIN, {"static_cache": False}, "TRANSFORMERS_TPU_EXT_STATIC_CACHE=0"),
+        (PLAIN, {"static_cache": False}, "TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE=0"),
         (replace(returns_cache=True, outputs_attentions_or_states=True), {}, "attentions"),
         # Item 2: no cache at all.
         (replace(use_cache=False), {}, "use_cache=False"),

@@ -219,7 +219,7 @@ def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, s
     if facts.cache_implementation is not None:
         return None, f"cache_implementation={facts.cache_implementation!r}"
     if not static_cache:
-        return None, "the static cache by default is off (TRANSFORMERS_TPU_EXT_STATIC_CACHE=0)"
+        return None, "the static cache by default is off (TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE=0)"
     if facts.disable_compile:
         return None, "disable_compile=True (the static cache by default is for compiling)"
     if facts.eager_stance:
