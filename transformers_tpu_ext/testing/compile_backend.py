@@ -60,7 +60,7 @@ def _graph_key(gm: Any, example_inputs: Any) -> str:
             inputs.append(f"{value.dtype}{tuple(value.shape)}/{stride}@{value.device.type}")
         else:
             inputs.append(repr(value))
-    return f"graph {gm.code.strip()}\ninputs {', '.join(inputs)}"
+    return f"graph of {len(inputs)} inputs: {', '.join(inputs)}\n{gm.code.strip()}"
 
 
 def _on_tpu(value: Any) -> bool:
