@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import buckets as batch_buckets
+from ..compilation import recompile
 
 __all__ = ["BucketCollator", "warmup"]
 
@@ -273,6 +274,8 @@ class _Warmup:
         from ..progress import Progress
 
         bar = Progress(len(lengths), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
+        recompile.begin_warmup("train", trainer)  # the recompile guard ignores these steps, then watches training
+        completed = False
         try:
             for length in lengths:
                 batch = collator.pad_to(base, length, rows)
@@ -286,7 +289,9 @@ class _Warmup:
                 trainer.lr_scheduler.step()
                 model.zero_grad()
                 bar.step(f"compiled a training step of {rows} x {length} tokens")
+            completed = True
         finally:
+            recompile.end_warmup("train", trainer, {"lengths": lengths, "rows": rows}, completed)
             bar.close()
             model.zero_grad()
             snapshot.restore()
