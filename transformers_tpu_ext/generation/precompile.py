@@ -45,7 +45,8 @@ def warmup(
     import torch
 
     settings = settings_module.current()
-    largest = settings.plan(max(batch_sizes or [max_batch_size]), max_prompt_length, max_new_tokens)
+    # min_padding=1: a prompt of the longest length with no padding gets a padding column (wrap_generate).
+    largest = settings.plan(max(batch_sizes or [max_batch_size]), max_prompt_length, max_new_tokens, min_padding=1)
     cache = largest.cache
     if batch_sizes is None:
         rows = sorted({b for b in settings.batch_buckets if b < largest.batch} | {largest.batch})
