@@ -37,7 +37,8 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import torch
 import transformers_tpu_ext as ext
-from transformers_tpu_ext import doctor, testing
+from transformers_tpu_ext import testing
+from transformers_tpu_ext.cli import doctor
 ours = [w for w in caught if issubclass(w.category, ext.TransformersTPUExtWarning)]
 armed = {n: s for n, s in ext.status().items() if not ext.activation._patch_module(n).TARGET.startswith("torch.")}
 report_ = doctor.collect()
