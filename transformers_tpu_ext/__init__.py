@@ -36,8 +36,8 @@ __all__ = [
 
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy exports keep `import transformers_tpu_ext` cheap
-    if name == "warmup":
-        from .generation.precompile import warmup
+    if name == "warmup":  # one warmup for every work: generate (default), serve, train
+        from .compilation.warmups import warmup
 
         return warmup
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -91,6 +91,10 @@ def activate() -> None:
     from .settings import warn_about_problems
 
     warn_about_problems()
+    if disabled is not None:  # TRANSFORMERS_TPU_EXT_DISABLE=1: the plugin changes nothing
+        from .compilation import persistent
+
+        persistent.setup()  # torch_tpu's persistent compile cache (never raises)
     # Outside the lock: applying a patch may import modules whose own hooks need the lock.
     for name in new_hooks:
         _post_import.register(functools.partial(_on_import, name), targets[name])
@@ -244,6 +248,9 @@ def deactivate() -> None:
     global _active
     with _lock:
         _active = False
+        from .compilation import persistent
+
+        persistent.restore()
         for name in reversed(list(_applied)):
             try:
                 _applied[name].revert()

@@ -46,6 +46,9 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "accelerate_prepare": "training",
         "transformers_training_args": "training",
         "transformers_trainer": "training",
+        "recompile_guard_generate": "compilation",
+        "recompile_guard_serve": "compilation",
+        "recompile_guard_train": "compilation",
     }
 )
 

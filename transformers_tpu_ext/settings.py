@@ -84,6 +84,12 @@ def _training(environ: Mapping[str, str]) -> list[str]:
     return _error_of(lambda: batch_buckets.settings(environ))
 
 
+def _compilation(environ: Mapping[str, str]) -> list[str]:
+    from .compilation import guard
+
+    return guard.check_environment(environ)
+
+
 def _verbosity(environ: Mapping[str, str]) -> list[str]:
     return log.check_environment(dict(environ))
 
@@ -98,6 +104,7 @@ CHECKS: list[Callable[[Mapping[str, str]], list[str]]] = [
     _tensor_parallel,
     _serving,
     _training,
+    _compilation,
     _verbosity,
 ]
 

@@ -127,3 +127,46 @@ def test_simulated_hbm_capped_to_the_host_is_explained(v6e, capsys, monkeypatch)
     v6e.configure(hbm_bytes="32GiB")
     out = _doctor(capsys)
     assert "HBM per chip  32.0 GiB" in out and "keep to half" not in out
+
+
+# -- the compile cache -----------------------------------------------------------------------------
+
+
+def test_the_compile_cache_section_shows_the_directory_its_entries_and_this_process(v6e, capsys, tmp_path, monkeypatch):
+    import torch
+
+    root = tmp_path / "compile-cache" / "torch_tpu-0.2.0"
+    (root / "0123456789abcdef").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (root / "0123456789abcdef" / f"{name}.bin").write_bytes(b"x" * 1000)
+    torch.ones(3, device="tpu").mul_(2)  # this process looks up a program (the backend reads its root now)
+    assert v6e.compile_cache.root() != str(root)
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(root))  # what doctor reads
+    out = _doctor(capsys)
+    section = out.split("\nCompile cache\n", 1)[1].split("\n\n", 1)[0]
+    assert _line(section, "directory") == f"  directory     {root}  (from the environment)"
+    assert _line(section, "entries") == "  entries       3 (2.9 KiB)"
+    requests, hits, misses = (int(w) for w in _line(section, "this process").split()[2:7:2])
+    assert misses >= 1 and requests == hits + misses
+    assert _line(section, "recompiles") == "  recompiles    warn (TRANSFORMERS_TPU_EXT_ON_RECOMPILE)"
+    report = json.loads(_doctor(capsys, "--json"))["compile_cache"]
+    assert (report["root"], report["entries"], report["bytes"], report["writable"]) == (str(root), 3, 3000, True)
+
+
+def test_the_compile_cache_off_says_why(v6e, capsys, monkeypatch):
+    monkeypatch.delenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", raising=False)
+    out = _doctor(capsys)
+    assert "\nCompile cache\n  off           no TPU chip on this host" in out
+
+
+def test_compile_cache_problems_an_unwritable_root_and_entries_of_other_releases():
+    report = _report()
+    report["compile_cache"] = {
+        "root": "/ro/cache/torch_tpu-0.2.0", "writable": False,
+        "other_releases": {"torch_tpu-0.1.1": {"path": "/ro/cache/torch_tpu-0.1.1", "entries": 12, "bytes": 3 * 2**20},
+                           "torch_tpu-0.1.0": {"path": "/ro/cache/torch_tpu-0.1.0", "entries": 0, "bytes": 0}},
+    }
+    problems = doctor.known_problems(report)
+    assert any("/ro/cache/torch_tpu-0.2.0 cannot be created or written: torch_tpu aborts" in p for p in problems)
+    (stale,) = [p for p in problems if "other releases" in p]
+    assert "/ro/cache/torch_tpu-0.1.1 (12 entries, 3.0 MiB)" in stale and "0.1.0" not in stale

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import pytest
 
@@ -118,7 +119,10 @@ def _assert_each_patch_applied_once(value: dict) -> None:
     assert value["warnings"] == []
     assert value["applies"] == {name: 1 for name in registry}
     assert value["depths"]
-    assert {name: n for name, n in value["depths"].items() if n != 1} == {}
+    # One layer per patch: a function two patches wrap (generate: the generation patch and the
+    # recompile guard) has two layers, and any other count is a patch applied twice (or lost).
+    owners = Counter(key.split(": ", 1)[1] for key in value["depths"])
+    assert {name: n for name, n in value["depths"].items() if n != owners[name.split(": ", 1)[1]]} == {}
 
 
 @pytest.mark.slow

@@ -158,9 +158,11 @@ def test_import_paths_the_docs_named_before_the_folders_still_import(old, new):
 
 def test_documented_names_of_capability_packages():
     import transformers_tpu_ext as ext
-    from transformers_tpu_ext import generation, serving, training
+    from transformers_tpu_ext import compilation, generation, serving, training
+    from transformers_tpu_ext.compilation import warmups
 
-    assert generation.warmup is ext.warmup
-    assert callable(generation.configure) and callable(serving.configure)
+    assert ext.warmup is warmups.warmup and compilation.warmup is warmups.warmup  # one warmup, the work as argument
+    assert generation.warmup is warmups.warmup_generate
+    assert callable(generation.configure) and callable(serving.configure) and callable(compilation.configure)
     assert training.BucketCollator.__module__ == "transformers_tpu_ext.training.collator"
     assert callable(training.warmup)

@@ -67,3 +67,28 @@ def test_a_simulator_installed_for_the_whole_run_stays_visible(tmp_path):
     proc = _pytest(tmp_path, TRANSFORMERS_TPU_EXT_SIMULATE="1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SEEN before (True, 4)" in proc.stdout and "SEEN after (True, 4)" in proc.stdout
+
+
+NO_NEW_PROGRAMS = """
+import torch
+
+def test_a_shape_seen_before_compiles_nothing(simulated_tpu, no_new_programs):
+    x = torch.ones(4, device="tpu")
+    x + 1
+    with no_new_programs("the same shape again"):
+        x + 1
+
+def test_a_new_shape_fails_the_test(simulated_tpu, no_new_programs):
+    (torch.ones(4, device="tpu") * 2)
+    with no_new_programs("a new shape"):
+        torch.ones(5, device="tpu") * 2
+"""
+
+
+def test_the_no_new_programs_fixture_fails_a_test_that_compiles_in_steady_state(tmp_path):
+    (tmp_path / "test_programs.py").write_text(textwrap.dedent(NO_NEW_PROGRAMS))
+    proc = _pytest(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "1 failed, 1 passed" in out, out
+    assert "NewProgramsError: a new shape needed 2 new TPU programs in steady state" in out, out
+    assert "eager (compiled): eager (<OpOverload(op='aten.mul', overload='Tensor')>, torch.Size([5])" in out, out

@@ -1,4 +1,4 @@
-"""The ``transformers-tpu`` command: ``demo``, ``launch`` and ``doctor``.
+"""The ``transformers-tpu`` command: ``demo``, ``launch``, ``doctor`` and ``warmup``.
 
 Each subcommand lives in its own module exposing ``main(argv: list[str] | None) -> int``; this
 file only dispatches, so ``transformers-tpu launch ...`` hands torchrun's options through untouched.
@@ -19,6 +19,7 @@ COMMANDS = {
     "demo": ("transformers_tpu_ext.cli.demo", "run the guide's generation example (simulated TPU without a chip)"),
     "launch": ("transformers_tpu_ext.cli.launch", "torchrun with the TPU launch environment prepared"),
     "doctor": ("transformers_tpu_ext.cli.doctor", "versions, chips, patches, settings and known problems"),
+    "warmup": ("transformers_tpu_ext.cli.warmup", "compile every bucket of a model's work into the compile cache"),
 }
 
 

@@ -2,8 +2,9 @@
 
 Prints the versions that matter (with the supported range and the tested releases where the plugin
 has them), whether a TPU is seen (generation, chips, HBM, process counts ``transformers-tpu launch``
-accepts), which patches are active or skipped and why, invalid ``TRANSFORMERS_TPU_EXT_*`` settings,
-and the known problems of the installed combination. Plain text by default, ``--json`` for scripts.
+accepts), which patches are active or skipped and why, the persistent compile cache (directory,
+entries and size, this process's hits and misses), invalid ``TRANSFORMERS_TPU_EXT_*`` settings, and
+the known problems of the installed combination. Plain text by default, ``--json`` for scripts.
 The exit status is 0 whenever the report could be made: problems are reported, not raised. See
 ``docs/doctor.md``.
 
@@ -192,6 +193,21 @@ def _patches() -> dict[str, Any]:
     }
 
 
+def _compile_cache() -> dict[str, Any]:
+    """The persistent compile cache (``compilation.persistent.report``) and the recompile guard's setting."""
+    from ..compilation import guard, persistent
+
+    try:
+        facts = persistent.report()
+    except Exception as error:  # noqa: BLE001 - the report goes on without it
+        facts = {"root": None, "error": f"{type(error).__name__}: {error}"}
+    try:
+        facts["on_recompile"] = guard.current().on_recompile
+    except ValueError:
+        facts["on_recompile"] = None  # invalid: listed under settings
+    return facts
+
+
 def collect() -> dict[str, Any]:
     """Gather the facts of this process and machine as a JSON-able dict."""
     with warnings.catch_warnings():
@@ -208,6 +224,7 @@ def collect() -> dict[str, Any]:
         "versions": _versions(),
         "tpu": _tpu(),
         "patches": _patches(),
+        "compile_cache": _compile_cache(),
         "settings": settings.problems(),
         "environment": environment,
     }
@@ -282,6 +299,20 @@ def known_problems(report: dict[str, Any]) -> list[str]:
             f"kernels {entry['installed']} is outside the range Transformers accepts ({entry['supported']}): "
             f"Transformers ignores it; {KERNELS_INSTALL}"
         )
+    cache = report.get("compile_cache", {})
+    if cache.get("root") and cache.get("writable") is False:
+        problems.append(
+            f"the compile cache root {cache['root']} cannot be created or written: torch_tpu aborts at its first "
+            "compilation; point TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT (or TRANSFORMERS_TPU_EXT_COMPILE_CACHE) at a "
+            "writable directory."
+        )
+    stale = {name: entry for name, entry in (cache.get("other_releases") or {}).items() if entry.get("entries")}
+    if stale:
+        listed = ", ".join(f"{entry['path']} ({entry['entries']} entries, {_size(entry['bytes'])})" for entry in stale.values())
+        problems.append(
+            f"compile-cache entries of other releases, which this torch_tpu never reads: {listed}; delete them to "
+            "free the space."
+        )
     patches = report.get("patches", {})
     if patches and not patches.get("plugin_active", True):
         problems.append("the plugin is not active (deactivate() was called): Transformers runs unpatched.")
@@ -295,6 +326,34 @@ def known_problems(report: dict[str, Any]) -> list[str]:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _compile_cache_lines(cache: dict[str, Any]) -> list[str]:
+    lines = ["", "Compile cache"]
+    if cache.get("root"):
+        who = {"transformers-tpu-ext": "set by transformers-tpu-ext", "environment": "from the environment"}.get(
+            cache.get("set_by"), ""
+        )
+        lines.append(f"  directory     {cache['root']}" + (f"  ({who})" if who else ""))
+        if "entries" in cache:
+            lines.append(f"  entries       {cache['entries']} ({_size(cache.get('bytes', 0))})")
+    else:
+        lines.append(f"  off           {cache.get('reason') or cache.get('error') or ''}".rstrip())
+    process = cache.get("process")
+    if process:
+        lines.append(
+            f"  this process  {process['requests']} requests, {process['hits']} hits, {process['misses']} misses"
+        )
+    if cache.get("on_recompile"):
+        lines.append(f"  recompiles    {cache['on_recompile']} (TRANSFORMERS_TPU_EXT_ON_RECOMPILE)")
+    return lines
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -339,6 +398,9 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append("  skipped       none")
     if patches["pending"]:
         lines.append(f"  pending       {', '.join(patches['pending'])} (target not imported yet)")
+
+    if "compile_cache" in report:
+        lines += _compile_cache_lines(report["compile_cache"])
 
     lines += ["", "Known problems"]
     lines += [f"  - {p}" for p in report["problems"]] or ["  none found"]

@@ -27,8 +27,8 @@ __all__ = ["TPUGenerationConfig", "configure", "current", "reset", "warmup"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "warmup":  # the same function as ``transformers_tpu_ext.warmup``
-        from .precompile import warmup
+    if name == "warmup":  # ``transformers_tpu_ext.warmup(model, ...)`` for generate(); the recompile guard knows it
+        from ..compilation.warmups import warmup_generate
 
-        return warmup
+        return warmup_generate
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,7 +46,8 @@ def warmup(
     import torch
 
     settings = settings_module.current()
-    largest = settings.plan(max(batch_sizes or [max_batch_size]), max_prompt_length, max_new_tokens)
+    # min_padding=1: a prompt of the longest length with no padding gets a padding column (wrap_generate).
+    largest = settings.plan(max(batch_sizes or [max_batch_size]), max_prompt_length, max_new_tokens, min_padding=1)
     cache = largest.cache
     # As the service's calls decode: the arguments given, else the model's generation config.
     sampling = bool(generate_kwargs.get("do_sample", model.generation_config.do_sample))

@@ -20,7 +20,9 @@ from .counters import Counters
 if TYPE_CHECKING:
     from .instance import SimulatedTPU
 
-__all__ = ["Counters", "SimulatedTPU", "install", "install_from_env", "is_installed", "simulated_tpu"]
+__all__ = [
+    "Counters", "SimulatedTPU", "install", "install_from_env", "is_installed", "no_new_programs", "simulated_tpu",
+]
 
 
 def install(
@@ -63,4 +65,8 @@ def __getattr__(name: str) -> Any:
         from .instance import SimulatedTPU
 
         return SimulatedTPU
+    if name == "no_new_programs":  # also the pytest fixture of the same name
+        from .programs import no_new_programs
+
+        return no_new_programs
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,11 @@
 """The ``"tpu"`` torch.compile backend of the simulated TPU, and inductor's refusal of TPU inputs.
 
 Like torch_tpu's backend it rejects any ``mode`` (``TypeError: Unexpected keyword arguments``).
-It counts one compiled graph per graph TorchDynamo hands it and runs the captured FX graph as
-is; operations inside a compiled graph are not counted as eager programs.
+Each graph TorchDynamo hands it is a program the process does not hold yet: the compile cache
+(:mod:`.compile_cache`) loads it from the persistent tier when an earlier process of the same
+release stored it (keyed by the graph's code and its inputs' shapes, strides and dtypes), and
+otherwise it is compiled and counted. The captured FX graph then runs as is; operations inside a
+compiled graph are not counted as eager programs, and each run after the first is a cache hit.
 
 Registration waits for ``torch._dynamo`` to be imported (a wrapt post-import hook), so installing
 the simulator does not pay for importing TorchDynamo.
@@ -13,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from .compile_cache import CACHE
 from .device import STATE
 
 __all__ = ["INDUCTOR_REFUSAL", "register", "tpu_backend"]
@@ -29,11 +33,15 @@ def tpu_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., An
     from .instance import simulated_tpu
 
     sim = simulated_tpu()
-    if sim is not None:
+    if CACHE.miss("graph", lambda: _graph_key(gm, example_inputs)) and sim is not None:
         sim._graphs_compiled += 1
     forward = gm.forward
+    runs = [0]
 
     def run_compiled(*args: Any) -> Any:
+        if runs[0]:
+            CACHE.hits += 1  # the first run used the program just compiled (or loaded): its miss
+        runs[0] += 1
         STATE.in_graph += 1
         try:
             return forward(*args)
@@ -41,6 +49,18 @@ def tpu_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., An
             STATE.in_graph -= 1
 
     return run_compiled
+
+
+def _graph_key(gm: Any, example_inputs: Any) -> str:
+    """What identifies a compiled graph across processes: its code and its inputs' metadata."""
+    inputs = []
+    for value in example_inputs:
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            stride = tuple(value.stride()) if hasattr(value, "stride") else ()
+            inputs.append(f"{value.dtype}{tuple(value.shape)}/{stride}@{value.device.type}")
+        else:
+            inputs.append(repr(value))
+    return f"graph of {len(inputs)} inputs: {', '.join(inputs)}\n{gm.code.strip()}"
 
 
 def _on_tpu(value: Any) -> bool:

@@ -23,16 +23,20 @@ class Counters:
       eager mode compiles every operation once per input shape). View and transfer operations
       compile nothing and are not counted.
     - ``h2d_bytes`` / ``d2h_bytes``: bytes copied host→device (CPU→TPU) and device→host.
+    - ``programs_loaded``: programs (graphs or eager) the process needed and loaded from torch_tpu's
+      persistent compile cache instead of compiling them (``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``,
+      see ``compile_cache``); they are not in ``graphs_compiled`` / ``eager_programs``.
     """
 
     graphs_compiled: int = 0
     eager_programs: int = 0
     h2d_bytes: int = 0
     d2h_bytes: int = 0
+    programs_loaded: int = 0
 
     @property
     def programs(self) -> int:
-        """All compiled programs: graphs plus eager per-shape programs."""
+        """All compiled programs: graphs plus eager per-shape programs (loaded ones not included)."""
         return self.graphs_compiled + self.eager_programs
 
     def asdict(self) -> dict[str, int]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .compile_cache import CACHE as _COMPILE_CACHE
+
 __all__ = ["TpuTensor", "register", "STATE"]
 
 _CPU = torch.device("cpu")
@@ -392,8 +394,11 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if sig is not None:
         key = tuple(sig)
         if key not in STATE.seen:
+            if _COMPILE_CACHE.miss("eager", key):  # False: loaded from the persistent compile cache
+                STATE.eager_programs += 1
             STATE.seen.add(key)
-            STATE.eager_programs += 1
+        else:
+            _COMPILE_CACHE.hits += 1
     if back is not None:
         return _map_back(out, back)
     if out.__class__ is torch.Tensor and not out.is_meta:
@@ -577,8 +582,11 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         key = (op, tuple(_hashable(a) for a in args))
         try:
             if key not in STATE.seen:
+                if _COMPILE_CACHE.miss("eager", key):
+                    STATE.eager_programs += 1
                 STATE.seen.add(key)
-                STATE.eager_programs += 1
+            else:
+                _COMPILE_CACHE.hits += 1
         except TypeError:
             pass
     return _wrap(out)

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from . import device
 from .chips import CHIPS, default_hbm, parse_bytes
+from .compile_cache import CACHE, SimulatedCompileCache
 from .counters import Counters
 
 __all__ = ["DEFAULTS", "SimulatedTPU", "is_installed", "simulated_tpu"]
@@ -120,12 +121,20 @@ class SimulatedTPU:
             eager_programs=state.eager_programs,
             h2d_bytes=state.h2d_bytes,
             d2h_bytes=state.d2h_bytes,
+            programs_loaded=CACHE.loaded,
         )
 
     def reset_counters(self) -> None:
         """Zero every counter and forget the eager programs seen (the next run counts again)."""
         self._graphs_compiled = 0
         device.STATE.reset()
+        CACHE.reset_stats()
+
+    @property
+    def compile_cache(self) -> SimulatedCompileCache:
+        """torch_tpu's compile cache as simulated: statistics, cache-only mode, the persistent tier
+        (see ``testing/compile_cache.py``)."""
+        return CACHE
 
     def __repr__(self) -> str:
         hbm = f", hbm_bytes={self.hbm_bytes}" if self.hbm_bytes is not None else ""

@@ -1,4 +1,4 @@
-"""pytest plugin (``pytest11`` entry point): the ``simulated_tpu`` fixture.
+"""pytest plugin (``pytest11`` entry point): the ``simulated_tpu`` and ``no_new_programs`` fixtures.
 
 Importing this module installs nothing and does not import torch; the simulated TPU is installed
 the first time a test asks for the fixture.
@@ -52,3 +52,19 @@ def _reset_dynamo() -> None:
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
+
+
+@pytest.fixture
+def no_new_programs() -> Any:
+    """``testing.no_new_programs``: a context manager failing the test when its block makes the TPU
+    compile a program the process did not hold (steady state). Works on the simulated TPU (ask for
+    ``simulated_tpu`` too) and on torch_tpu::
+
+        def test_service_is_warm(simulated_tpu, no_new_programs):
+            warmup(model, max_prompt_length=64, max_new_tokens=16)
+            with no_new_programs("requests within the warmed-up buckets"):
+                serve_some_requests(model)
+    """
+    from .programs import no_new_programs as context
+
+    return context

@@ -18,6 +18,14 @@ import torch
 
 from . import tpu_distributed as distributed  # noqa: F401 - part of the public surface
 from .chips import CHIPS
+from .compile_cache import (  # noqa: F401 - torch_tpu's private cache functions, ``torch.tpu._*``
+    _get_cache_hits,
+    _get_cache_misses,
+    _get_cache_requests,
+    _get_cache_stats,
+    _set_cache_only,
+    _set_dump_on_cache_miss,
+)
 from .device import STATE
 
 __all__ = [
@@ -147,6 +155,13 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def synchronize(device: Any = None) -> None:
     return None
+
+
+def _clear_cache() -> None:
+    """torch_tpu's ``torch.tpu._clear_cache()``: evict the in-memory tier. Every eager program is
+    looked up again at its next use (compiled, or loaded from the persistent tier); TorchDynamo keeps
+    the graphs it compiled."""
+    STATE.seen = set()
 
 
 # Random numbers: one generator for the chip, separate from the CPU's.

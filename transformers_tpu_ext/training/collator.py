@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import buckets as batch_buckets
+from ..compilation import recompile
 
 __all__ = ["BucketCollator", "PaddedBatch", "crop", "original_of", "warmup"]
 
@@ -378,6 +379,8 @@ class _Warmup:
         from ..progress import Progress
 
         bar = Progress(len(batches), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
+        recompile.begin_warmup("train", trainer)  # the recompile guard ignores these steps, then watches training
+        completed = False
         try:
             for buckets, batch in batches.items():
                 batch = trainer._prepare_inputs(batch)
@@ -390,7 +393,9 @@ class _Warmup:
                 trainer.lr_scheduler.step()
                 model.zero_grad()
                 bar.step(f"compiled a training step of {rows} x {' + '.join(map(str, buckets))} tokens")
+            completed = True
         finally:
+            recompile.end_warmup("train", trainer, {"lengths": lengths, "rows": rows}, completed)
             bar.close()
             model.zero_grad()
             snapshot.restore()

@@ -1,0 +1,257 @@
+"""``transformers-tpu warmup MODEL``: compile every bucket of the chosen work ahead of time.
+
+For a container build or a CI step on a TPU VM: the programs land in torch_tpu's persistent compile
+cache (set up by the plugin, ``docs/compile-cache.md``), and the service or training run that starts
+next with the same cache directory loads them instead of compiling. The works:
+
+- generate (``--max-prompt-length`` and ``--max-new-tokens``; ``--max-batch-size`` or ``--batch-sizes``;
+  ``--do-sample``): ``warmup(model, ...)``'s buckets;
+- ``--serve``: every continuous-batching step shape (serving settings from ``TRANSFORMERS_TPU_EXT_SERVE_*``);
+- ``--train MAX_LENGTH``: one training step per sequence bucket up to ``MAX_LENGTH`` with a plain
+  ``Trainer`` (causal-LM batches of ``input_ids``, ``attention_mask`` and ``labels``; AdamW;
+  ``--train-batch-size`` per device; ``--bf16``). Another training set-up: call
+  ``warmup(trainer, work="train", ...)`` in your own script once.
+
+The model loads with ``device_map="auto"`` and ``--dtype`` (the programs are those of that dtype).
+Each work shows its progress; the last line counts the programs (``--json``: one object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from typing import Any
+
+PROG = "transformers-tpu warmup"
+
+
+class WarmupError(Exception):
+    """A request that cannot work; ``str()`` says what to do."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of batch sizes, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
+    return sizes
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Compile every bucket of the chosen work into the persistent compile cache, ahead of time.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a local model directory or a Hub id")
+    generate = parser.add_argument_group("generate()")
+    generate.add_argument("--max-prompt-length", type=int, help="longest prompt, in tokens")
+    generate.add_argument("--max-new-tokens", type=int, help="largest max_new_tokens")
+    sizes = generate.add_mutually_exclusive_group()
+    sizes.add_argument("--max-batch-size", type=int, default=1, help="largest batch (every batch bucket up to it)")
+    sizes.add_argument("--batch-sizes", type=_sizes, help="exactly these batch sizes, e.g. 1,4,8 (a sampling service)")
+    generate.add_argument("--do-sample", action="store_true", help="the service samples (its choice graph is per batch size)")
+    parser.add_argument("--serve", action="store_true", help="every continuous-batching step shape")
+    train = parser.add_argument_group("training")
+    train.add_argument("--train", type=int, metavar="MAX_LENGTH", help="training steps of every bucket up to MAX_LENGTH tokens")
+    train.add_argument("--train-batch-size", type=int, default=8, help="per-device batch size (default 8)")
+    train.add_argument("--bf16", action="store_true", help="train in bf16 (TrainingArguments(bf16=True))")
+    parser.add_argument("--dtype", default="auto", help="dtype the model loads in (default: auto, the checkpoint's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    generate = args.max_prompt_length is not None or args.max_new_tokens is not None
+    if generate and (args.max_prompt_length is None or args.max_new_tokens is None):
+        raise WarmupError("generate() needs both --max-prompt-length and --max-new-tokens")
+    if not (generate or args.serve or args.train):
+        raise WarmupError("choose the work: --max-prompt-length and --max-new-tokens (generate), --serve, --train MAX_LENGTH")
+    for name in ("max_prompt_length", "max_new_tokens", "max_batch_size", "train", "train_batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise WarmupError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def _counts() -> dict[str, Any]:
+    from transformers_tpu_ext import testing
+    from transformers_tpu_ext.compilation import persistent
+
+    counts: dict[str, Any] = {"backend": persistent.process_stats()}
+    sim = testing.simulated_tpu()
+    if sim is not None:
+        counts["simulated"] = sim.counters().asdict()
+    return counts
+
+
+def _difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if before.get("backend") and after.get("backend"):
+        result["new_programs"] = after["backend"]["misses"] - before["backend"]["misses"]
+    if before.get("simulated") and after.get("simulated"):
+        b, a = before["simulated"], after["simulated"]
+        result["compiled"] = (a["graphs_compiled"] + a["eager_programs"]) - (b["graphs_compiled"] + b["eager_programs"])
+        result["loaded"] = a["programs_loaded"] - b["programs_loaded"]
+    return result
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from .demo import DemoError, resolve_model
+
+    try:
+        resolve_model(args.model)
+    except DemoError as error:
+        raise WarmupError(str(error).replace("--model ", "MODEL ", 1), error.exit_code) from None
+    import torch  # noqa: F401 - activates the plugin (and torch_tpu, or the simulated TPU) through entry points
+
+    import transformers_tpu_ext  # noqa: F401 - in case entry points are disabled
+    from transformers_tpu_ext import backend
+
+    if not backend.tpu_available():
+        raise WarmupError(
+            "no TPU is seen here: run it on the TPU VM that will serve or train (on a machine without a TPU, "
+            "TRANSFORMERS_TPU_EXT_SIMULATE=1 tries it on the simulated TPU)",
+            exit_code=1,
+        )
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype, device_map="auto")
+
+
+def _generate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from transformers_tpu_ext.compilation.warmups import warmup_generate
+
+    options: dict[str, Any] = {"do_sample": True} if args.do_sample else {}
+    plans = warmup_generate(
+        model,
+        max_prompt_length=args.max_prompt_length,
+        max_new_tokens=args.max_new_tokens,
+        max_batch_size=args.max_batch_size if args.batch_sizes is None else 1,
+        batch_sizes=args.batch_sizes,
+        **options,
+    )
+    return {"buckets": [list(plan) for plan in plans]}
+
+
+def _serve(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import GenerationConfig
+
+    from transformers_tpu_ext.compilation.warmups import warmup_serve
+
+    config = GenerationConfig(do_sample=args.do_sample, eos_token_id=model.generation_config.eos_token_id,
+                              pad_token_id=model.generation_config.pad_token_id)
+    manager = warmup_serve(model, generation_config=config)
+    plan = getattr(manager.continuous_batching_config, "tpu_plan", None)
+    shapes = [list(shape) for shape in getattr(plan, "shapes", ())]
+    try:
+        manager.destroy()
+    except Exception:  # noqa: BLE001 - never started: nothing to stop
+        pass
+    return {"shapes": shapes}
+
+
+def _train(model: Any, args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    import torch
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    from transformers_tpu_ext.compilation.warmups import warmup_train
+
+    vocab = int(model.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(max(args.train_batch_size, 2)):
+        ids = torch.randint(2, max(3, vocab), (args.train,), generator=generator).tolist()
+        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids})
+    training_args = TrainingArguments(
+        output_dir=workdir,
+        per_device_train_batch_size=args.train_batch_size,
+        max_steps=1,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        bf16=args.bf16,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=rows, data_collator=default_data_collator)
+    callback = warmup_train(trainer, max_length=args.train)
+    trainer.train()
+    return {"lengths": list(callback.lengths)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    _check(args)
+    model = _load(args)
+    from transformers_tpu_ext.compilation import persistent
+
+    cache = persistent.report()
+    if cache["root"] is None:
+        print(
+            f"{PROG}: the persistent compile cache is off ({cache['reason']}): the programs compiled now are not kept "
+            "for the next process",
+            file=sys.stderr,
+        )
+    result: dict[str, Any] = {"model": args.model, "cache": cache["root"], "works": {}}
+    before = _counts()
+    start = time.perf_counter()
+    if args.max_prompt_length is not None:
+        result["works"]["generate"] = _generate(model, args)
+    if args.train:
+        with tempfile.TemporaryDirectory() as workdir:
+            result["works"]["train"] = _train(model, args, workdir)
+    if args.serve:  # last: a manager that never starts leaves the model on its paged attention
+        result["works"]["serve"] = _serve(model, args)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    result["programs"] = _difference(before, _counts())
+    after = persistent.report()
+    result["cache_entries"] = after.get("entries")
+    return result
+
+
+def _summary(result: dict[str, Any]) -> str:
+    works = result["works"]
+    parts = []
+    if "generate" in works:
+        parts.append(f"generate: {len(works['generate']['buckets'])} buckets")
+    if "serve" in works:
+        parts.append(f"serve: {len(works['serve']['shapes'])} step shapes")
+    if "train" in works:
+        parts.append(f"train: {len(works['train']['lengths'])} sequence buckets")
+    programs = result["programs"]
+    if "compiled" in programs:
+        counted = f"{programs['compiled']} programs compiled, {programs['loaded']} loaded from the cache"
+    elif "new_programs" in programs:
+        counted = f"{programs['new_programs']} programs compiled or loaded from the cache"
+    else:
+        counted = "programs not counted by this backend"
+    where = f"cache {result['cache']} ({result['cache_entries']} entries)" if result["cache"] else "no persistent cache"
+    return f"warmup done in {result['seconds']} s: {'; '.join(parts)}; {counted}; {where}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        # stdout carries the result only: what the libraries print while working (the Trainer's
+        # metrics) goes to stderr, with the progress bars, so `--json` output parses.
+        with contextlib.redirect_stdout(sys.stderr):
+            result = run(args)
+    except WarmupError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    print(json.dumps(result, indent=2) if args.json else _summary(result))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

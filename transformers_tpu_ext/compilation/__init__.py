@@ -1,0 +1,44 @@
+"""Compile once: the persistent compile cache, ahead-of-time warm-up, the recompile guard.
+
+The decisions (pure modules, no torch, no Transformers):
+
+- :mod:`.cache`: whether the plugin points torch_tpu's persistent compile cache at a directory, and
+  which (``TRANSFORMERS_TPU_EXT_COMPILE_CACHE``);
+- :mod:`.guard`: when a work (generate, serve, train) is in steady state, what a recompile report
+  says, the guard's settings (``TRANSFORMERS_TPU_EXT_ON_RECOMPILE``, :func:`configure`).
+
+The runtime: :mod:`.persistent` (sets the cache up at activation, :func:`cache_report`),
+:mod:`.recompile` (counts programs around a call, cache-only mode, :class:`RecompileError`),
+:mod:`.warmups` (:func:`warmup`, which is ``transformers_tpu_ext.warmup``).
+
+The glue, one patch per target: ``patch_recompile_guard_generate`` (``generate()``),
+``patch_recompile_guard_serve`` (continuous-batching steps and warm-up),
+``patch_recompile_guard_train`` (``Trainer.training_step``). See ``docs/compile-cache.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .guard import GuardSettings, configure, current, reset
+
+__all__ = ["GuardSettings", "RecompileError", "cache_report", "configure", "current", "reset", "warmup"]
+
+
+def cache_report() -> dict[str, Any]:
+    """The persistent compile cache of this process: root, who set it, entries, size, hits and misses."""
+    from .persistent import report
+
+    return report()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "warmup":
+        from .warmups import warmup
+
+        return warmup
+    if name == "RecompileError":
+        from .recompile import RecompileError
+
+        return RecompileError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
