@@ -148,7 +148,7 @@ def test_the_compile_cache_section_shows_the_directory_its_entries_and_this_proc
     assert _line(section, "entries") == "  entries       3 (2.9 KiB)"
     requests, hits, misses = (int(w) for w in _line(section, "this process").split()[2:7:2])
     assert misses >= 1 and requests == hits + misses
-    assert _line(section, "recompiles") == "  recompiles    warn (TRANSFORMERS_TPU_EXT_ON_RECOMPILE)"
+    assert _line(section, "recompiles") == "  recompiles    warn (TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE)"
     report = json.loads(_doctor(capsys, "--json"))["compile_cache"]
     assert (report["root"], report["entries"], report["bytes"], report["writable"]) == (str(root), 3, 3000, True)
 

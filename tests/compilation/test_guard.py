@@ -16,7 +16,7 @@ def _no_overrides():
 
 def test_defaults_environment_and_configure():
     assert guard.current({}) == guard.GuardSettings("warn", 20)
-    env = {"TRANSFORMERS_TPU_EXT_ON_RECOMPILE": "Error", "TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE": "3"}
+    env = {"TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE": "Error", "TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE": "3"}
     assert guard.current(env) == guard.GuardSettings("error", 3)
     guard.configure(on_recompile="ignore")
     assert guard.current(env).on_recompile == "ignore"  # configure() wins over the environment
@@ -30,9 +30,9 @@ def test_defaults_environment_and_configure():
 @pytest.mark.parametrize(
     "environ, variable",
     [
-        ({"TRANSFORMERS_TPU_EXT_ON_RECOMPILE": "fail"}, "TRANSFORMERS_TPU_EXT_ON_RECOMPILE"),
-        ({"TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE": "-1"}, "TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE"),
-        ({"TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE": "soon"}, "TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE"),
+        ({"TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE": "fail"}, "TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE"),
+        ({"TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE": "-1"}, "TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE"),
+        ({"TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE": "soon"}, "TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE"),
     ],
 )
 def test_invalid_values_name_their_variable(environ, variable):
@@ -45,8 +45,8 @@ def test_invalid_values_name_their_variable(environ, variable):
 def test_the_settings_checks_include_the_guard():
     from transformers_tpu_ext import settings
 
-    problems = settings.problems({"TRANSFORMERS_TPU_EXT_ON_RECOMPILE": "fail"})
-    assert any("TRANSFORMERS_TPU_EXT_ON_RECOMPILE" in p for p in problems)
+    problems = settings.problems({"TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE": "fail"})
+    assert any("TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE" in p for p in problems)
 
 
 def test_steady_state_after_settle_quiet_calls_then_every_new_program_is_reported():
@@ -104,6 +104,6 @@ def test_serve_and_train_advice():
 def test_the_message_says_what_compiled_the_call_the_advice_and_how_to_silence_it():
     text = guard.message("generate", guard.programs_text(3, 1), "a batch of 1", "Do this", "warmup", "warn")
     assert text.startswith("transformers-tpu-ext: generate() compiled 3 new programs (1 torch.compile graph, 2 eager operations)")
-    assert "after its warm-up: a batch of 1. Do this" in text and "TRANSFORMERS_TPU_EXT_ON_RECOMPILE=ignore" in text
+    assert "after its warm-up: a batch of 1. Do this" in text and "TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE=ignore" in text
     assert guard.programs_text(1, None) == "1 new program"
     assert "in steady state" in guard.message("train", "x", "y", "z", "settle", "error")

@@ -352,7 +352,7 @@ def _compile_cache_lines(cache: dict[str, Any]) -> list[str]:
             f"  this process  {process['requests']} requests, {process['hits']} hits, {process['misses']} misses"
         )
     if cache.get("on_recompile"):
-        lines.append(f"  recompiles    {cache['on_recompile']} (TRANSFORMERS_TPU_EXT_ON_RECOMPILE)")
+        lines.append(f"  recompiles    {cache['on_recompile']} (TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE)")
     return lines
 
 

@@ -5,7 +5,7 @@ The decisions (pure modules, no torch, no Transformers):
 - :mod:`.cache`: whether the plugin points torch_tpu's persistent compile cache at a directory, and
   which (``TRANSFORMERS_TPU_EXT_COMPILE_CACHE``);
 - :mod:`.guard`: when a work (generate, serve, train) is in steady state, what a recompile report
-  says, the guard's settings (``TRANSFORMERS_TPU_EXT_ON_RECOMPILE``, :func:`configure`).
+  says, the guard's settings (``TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE``, :func:`configure`).
 
 The runtime: :mod:`.persistent` (sets the cache up at activation, :func:`cache_report`),
 :mod:`.recompile` (counts programs around a call, cache-only mode, :class:`RecompileError`),

@@ -11,8 +11,8 @@ that compiles a new program is reported: ``warn`` logs a warning, ``error`` rais
 Each message says what compiled, the call's shape, and the setting that would have covered it
 (:func:`generate_advice`, :func:`serve_advice`, :func:`train_advice`).
 
-Settings: ``TRANSFORMERS_TPU_EXT_ON_RECOMPILE`` (``warn``, the default; ``error``; ``ignore``) and
-``TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE`` (20 calls), or :func:`configure`. No torch here.
+Settings: ``TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE`` (``warn``, the default; ``error``; ``ignore``) and
+``TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE`` (20 calls), or :func:`configure`. No torch here.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ __all__ = [
 ACTIONS = ("warn", "error", "ignore")
 WORKS = ("generate", "serve", "train")
 ENV: dict[str, str] = {
-    "on_recompile": "TRANSFORMERS_TPU_EXT_ON_RECOMPILE",
-    "settle": "TRANSFORMERS_TPU_EXT_RECOMPILE_SETTLE",
+    "on_recompile": "TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE",
+    "settle": "TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE",
 }
 #: How many recompiles of one work are logged in warn mode before the guard only counts them.
 WARN_LIMIT = 5

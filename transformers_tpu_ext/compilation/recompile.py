@@ -44,7 +44,7 @@ _CACHE_ONLY_TEXT = "no more compilation should happen"
 
 
 class RecompileError(RuntimeError):
-    """A program compiled in steady state with ``TRANSFORMERS_TPU_EXT_ON_RECOMPILE=error``."""
+    """A program compiled in steady state with ``TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE=error``."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def guarded(work: str, owner: Any, describe: Callable[[Mapping[str, Any]], CallF
         return
     try:
         settings = guard.current()
-    except ValueError as error:  # an invalid TRANSFORMERS_TPU_EXT_ON_RECOMPILE / _SETTLE: the user's to fix
+    except ValueError as error:  # an invalid TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE / _SETTLE: the user's to fix
         raise user_error(error) from None
     if settings.on_recompile == "ignore":
         yield
