@@ -15,14 +15,20 @@ a machine without a TPU:
 
 A page with a multi-process example (``transformers-tpu launch``, ``torchrun``, ``accelerate launch``)
 is marked slow.
+
+The pages' processes run two at a time (``DOCS_PAGES_AT_ONCE``, default: the machine's cores, at most 2),
+started ahead in the order of the selected tests while this process waits on one, and never two pages
+with multi-process examples at once (their launchers would share the chips' ports).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,15 +87,82 @@ def page_environment(hub_cache: Path) -> dict[str, str]:
     return env
 
 
+class _Pages:
+    """Runs the selected pages' processes ahead, at most ``at_once`` together (one multi-process page)."""
+
+    def __init__(self, pages: list[Path], hub_cache: Path, base: Path, at_once: int) -> None:
+        self.queue = list(dict.fromkeys(pages))
+        self.hub_cache, self.base, self.at_once = hub_cache, base, max(1, at_once)
+        self.running: dict[Path, tuple[subprocess.Popen, float, Path]] = {}
+        self.done: dict[Path, tuple[int | None, str]] = {}
+
+    def _start(self, page: Path) -> None:
+        cwd = self.base / re.sub(r"[^A-Za-z0-9]+", "_", str(page.relative_to(ROOT)))
+        cwd.mkdir(parents=True)
+        for name in ("scripts", "benchmarks"):
+            (cwd / name).symlink_to(ROOT / name)
+        out = cwd.parent / (cwd.name + ".out")
+        with open(out, "w") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-p", "sybil_pages", "-p", "no:cacheprovider", "-q", "-rs",
+                 "--rootdir", str(ROOT), "-c", str(HERE / "pages.ini"), str(page)],
+                cwd=cwd, env=page_environment(self.hub_cache), stdout=sink, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
+            )
+        self.running[page] = (proc, time.monotonic(), out)
+
+    def _reap(self) -> None:
+        for page, (proc, started, out) in list(self.running.items()):
+            if proc.poll() is None and time.monotonic() - started > PAGE_TIMEOUT:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                self.done[page] = (None, out.read_text()[-25000:])
+            elif proc.poll() is not None:
+                self.done[page] = (proc.returncode, out.read_text()[-25000:])
+            else:
+                continue
+            del self.running[page]
+
+    def _fill(self, needed: Path) -> None:
+        for page in list(self.queue):
+            if len(self.running) >= self.at_once:
+                return
+            if _multi_process(page) and any(_multi_process(p) for p in self.running):
+                if page == needed:
+                    return
+                continue
+            self.queue.remove(page)
+            self._start(page)
+
+    def result(self, page: Path) -> tuple[int | None, str]:
+        """The page's (return code, output): None as the code when it ran out of time."""
+        if page not in self.queue and page not in self.running and page not in self.done:
+            self.queue.insert(0, page)
+        while page not in self.done:
+            self._reap()
+            self._fill(page)
+            time.sleep(0.2)
+        return self.done.pop(page)
+
+    def close(self) -> None:
+        for proc, _, _ in self.running.values():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def pages(request, hub_cache: Path, tmp_path_factory) -> object:
+    selected = [item.callspec.params["page"] for item in request.session.items
+                if item.originalname == "test_every_example_of_the_page_runs"]
+    at_once = int(os.environ.get("DOCS_PAGES_AT_ONCE", min(2, os.cpu_count() or 1)))
+    runner = _Pages(selected, hub_cache, tmp_path_factory.mktemp("pages"), at_once)
+    yield runner
+    runner.close()
+
+
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES])
-def test_every_example_of_the_page_runs(page: Path, hub_cache: Path, tmp_path: Path) -> None:
-    for name in ("scripts", "benchmarks"):
-        (tmp_path / name).symlink_to(ROOT / name)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "sybil_pages", "-p", "no:cacheprovider", "-q", "-rs",
-         "--rootdir", str(ROOT), "-c", str(HERE / "pages.ini"), str(page)],
-        cwd=tmp_path, env=page_environment(hub_cache), capture_output=True, text=True, timeout=PAGE_TIMEOUT,
-    )
-    report = proc.stdout[-20000:] + proc.stderr[-5000:]
-    assert proc.returncode == 0, f"{page.relative_to(ROOT)}: an example failed\n{report}"
-    assert re.search(r"\d+ passed", proc.stdout), report
+def test_every_example_of_the_page_runs(page: Path, pages: _Pages) -> None:
+    returncode, report = pages.result(page)
+    assert returncode is not None, f"{page.relative_to(ROOT)}: did not finish in {PAGE_TIMEOUT} s\n{report}"
+    assert returncode == 0, f"{page.relative_to(ROOT)}: an example failed\n{report}"
+    assert re.search(r"\d+ passed", report), report
