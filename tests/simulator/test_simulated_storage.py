@@ -23,15 +23,7 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugin_patches_off():
-    import transformers_tpu_ext as ext
-
-    was_active = ext.is_active()
-    ext.deactivate()
-    yield
-    if was_active:
-        ext.activate()
+pytestmark = pytest.mark.usefixtures("plugin_patches_off")  # tests/simulator/conftest.py
 
 
 # -- storage and data pointers -------------------------------------------------------------------

@@ -19,15 +19,7 @@ from transformers_tpu_ext.testing import chips
 from transformers_tpu_ext.testing.host import memory_bytes as host_memory_bytes
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugin_patches_off():
-    import transformers_tpu_ext as ext
-
-    was_active = ext.is_active()
-    ext.deactivate()
-    yield
-    if was_active:
-        ext.activate()
+pytestmark = pytest.mark.usefixtures("plugin_patches_off")  # tests/simulator/conftest.py
 
 
 @pytest.fixture
