@@ -54,9 +54,9 @@ with warnings.catch_warnings(record=True) as caught:
     import transformers
     from transformers import AutoModelForCausalLM
     import transformers_tpu_ext as ext
-    from transformers_tpu_ext import activation, backend
-    for name in activation.REGISTRY:
-        importlib.import_module(activation._patch_module(name).TARGET)
+    from transformers_tpu_ext import backend, registry
+    for name in registry.REGISTRY:
+        importlib.import_module(importlib.import_module(registry.module_name(name)).TARGET)
     from transformers_tpu_ext.testing import tiny
     path = sys.argv[1]
     model = AutoModelForCausalLM.from_pretrained(path, device_map="auto")
@@ -67,7 +67,7 @@ print(json.dumps({
     "accelerator": str(torch.accelerator.current_accelerator()),
     "tpu_available": backend.tpu_available(),
     "active": ext.active_patches(),
-    "registry": list(activation.REGISTRY),
+    "registry": list(registry.REGISTRY),
     "skipped": ext.skipped_patches(),
     "plugin_warnings": [str(w.message) for w in caught if issubclass(w.category, ext.TransformersTPUExtWarning)],
     "device_map": {k: str(v) for k, v in getattr(model, "hf_device_map", {"": model.device}).items()},

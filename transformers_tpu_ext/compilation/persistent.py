@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import MutableMapping
 from importlib import metadata
 from typing import Any
@@ -81,11 +82,13 @@ def compiled_already() -> bool:
     if tpu is None:
         return False
     try:
-        initialised = getattr(tpu, "is_initialized", None)
-        if callable(initialised) and not initialised():
-            return False
-        requests = getattr(tpu, "_get_cache_requests", None)
-        return bool(callable(requests) and int(requests()) > 0)
+        with warnings.catch_warnings():  # torch_tpu 0.2.0 marks is_initialized() experimental, with a warning
+            warnings.simplefilter("ignore")
+            initialised = getattr(tpu, "is_initialized", None)
+            if callable(initialised) and not initialised():
+                return False
+            requests = getattr(tpu, "_get_cache_requests", None)
+            return bool(callable(requests) and int(requests()) > 0)
     except Exception:  # noqa: BLE001 - never start or break the backend from here
         return False
 
