@@ -125,7 +125,7 @@ PY
 
 # The tests that need no simulated TPU.
 cd "$root"
-"$venv/bin/python" -m pytest -q -p no:cacheprovider \
+"$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider \
     tests/core/test_activation.py tests/core/test_activation_subprocess.py tests/core/test_compat.py \
     tests/generation/test_generation_config.py tests/generation/test_buckets.py tests/parallelism/test_tp_plans.py tests/core/test_topology.py \
     tests/core/test_settings.py \

@@ -5,4 +5,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$(bash "$root/scripts/bootstrap.sh")"
 cd "$root"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec "$venv/bin/python" -m pytest "$@"
+# Test files run side by side, one worker per core (pytest-xdist, "--dist loadfile": a file's tests stay on
+# one worker, so its module fixtures are built once). TRANSFORMERS_TPU_EXT_TEST_WORKERS=0 runs them all in
+# this one process (a later -n on the command line also wins).
+exec "$venv/bin/python" -m pytest -n "${TRANSFORMERS_TPU_EXT_TEST_WORKERS:-auto}" --dist loadfile "$@"
