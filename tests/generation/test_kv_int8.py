@@ -1,8 +1,9 @@
 """The opt-in int8 KV cache of generate() on TPU (``TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8``).
 
 One fresh interpreter, one context-sensitive tiny Qwen3 with a realistic head_dim (64): the plugin's
-static cache holds int8 keys/values and float32 scales; its tokens equal the same int8 cache computed
-on CPU (the layer class passed to upstream's generate(), plugin inactive); its logits differ from the
+static cache holds int8 keys/values and float32 scales; its tokens equal the same math on CPU (a
+float static layer storing each key/value quantize-dequantized, written in the test, passed to
+upstream's generate(), plugin inactive) and differ from the float cache's; its logits differ from the
 float cache's; the bytes are those ``quantization.capacity`` counts and at most 0.55x bf16; it
 compiles no more programs than the plain static cache (0 on a repeat); beam search reorders the
 scales; the cache handed back is a plain one in the model's dtype; upstream's quantized cache is left
@@ -19,6 +20,7 @@ SCRIPT = r"""
 import logging
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
 from transformers_tpu_ext import testing
 from transformers_tpu_ext.generation import config as settings, static_cache
 from transformers_tpu_ext.quantization import capacity, kv_cache
@@ -45,14 +47,25 @@ class Keep(logging.Handler):
         messages.append(record.getMessage())
 logging.getLogger("transformers_tpu_ext").addHandler(Keep())
 
+# The CPU reference of the same math, written here (not the plugin's layer): a float static layer storing
+# each new key/value quantize-dequantized (absmax/127 per position and head): the values the int8 layer's
+# attention reads, bit for bit.
+def fake_quant(states):
+    scale = states.float().abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127
+    return (torch.round(states.float() / scale).clamp(-127, 127).to(torch.int8).float() * scale).to(states.dtype)
+
+class FakeQuantLayer(StaticLayer):
+    def update(self, key_states, value_states, *args, **kwargs):
+        return super().update(fake_quant(key_states), fake_quant(value_states), *args, **kwargs)
+
 def cpu_int8(rows, beams=1, **kw):
     cache = StaticCache(config=model.config, max_cache_len=64)
-    kv_cache.int8_static_layers(cache)
+    cache.layers = [FakeQuantLayer(max_cache_len=64) for _ in cache.layers]
     return model.generate(ids[:rows], max_new_tokens=NEW, do_sample=False, num_beams=beams, cache=cache, **kw), cache
 
 # CPU references (plugin inactive off TPU): the same int8 layer through upstream's generate(), and the float cache.
 ref_int8, ref_cache = cpu_int8(2)
-ref_beam, _ = cpu_int8(1, beams=2)
+ref_beam = cpu_int8(2, beams=3, return_dict_in_generate=True, output_scores=True)[0]
 logits_int8 = cpu_int8(2, return_dict_in_generate=True, output_logits=True)[0].logits
 logits_float = model.generate(ids, max_new_tokens=NEW, do_sample=False, cache_implementation="static",
                               return_dict_in_generate=True, output_logits=True).logits
@@ -84,11 +97,15 @@ r["tokens"] = dict(int8_equals_cpu_int8=torch.equal(int8.cpu(), ref_int8), plain
                    int8_differs_from_float=not torch.equal(ref_int8, ref_float))
 model.to("tpu")
 r["programs"] = dict(plain=[plain_first.graphs_compiled, plain_first.programs, plain_second.programs],
-                     int8=[int8_first.graphs_compiled, int8_first.programs, int8_second.programs])
+                     int8=[int8_first.graphs_compiled, int8_first.programs, int8_second.programs],
+                     d2h=[plain_second.d2h_bytes, int8_second.d2h_bytes])  # the device loop: token ids only
 
 # Bytes: what the layers hold == what quantization.capacity counts; against the bf16 static cache.
 batch, length = layers[0].keys.shape[0], layers[0].max_cache_len
-held = sum(layer.nbytes() for layer in layers)
+def held_bytes(layers):
+    return sum(t.numel() * t.element_size() for layer in layers for t in
+               (layer.keys, layer.values, *(getattr(layer, n) for n in ("key_scales", "value_scales") if hasattr(layer, n))))
+held = held_bytes(layers)
 r["bytes"] = dict(held=held, capacity=capacity.kv_bytes_per_position(count(model.config), "int8") * batch * length)
 bf16 = tiny_model("qwen3", seed=0, head_dim=64).to(torch.bfloat16).to("tpu")
 sizes = {}
@@ -96,8 +113,7 @@ for kv in (None, "int8"):
     settings.configure(kv_cache=kv)
     made.clear()
     bf16.generate(ids.to("tpu"), max_new_tokens=2, do_sample=False)
-    sizes[str(kv)] = sum(t.numel() * t.element_size() for layer in made[0].layers for t in
-                         (layer.keys, layer.values, *(getattr(layer, n) for n in ("key_scales", "value_scales") if hasattr(layer, n))))
+    sizes[str(kv)] = held_bytes(made[0].layers)
 r["bytes"]["bf16"], r["bytes"]["int8_bf16_model"] = sizes["None"], sizes["int8"]
 
 # Logits (host loop: output_logits) against the CPU int8 cache and the float cache.
@@ -118,12 +134,14 @@ written = int(ref_cache.layers[0].get_seq_length())
 keys = cache.layers[0].keys[:, :, :written].cpu()
 r["returned"] = dict(
     type=type(cache).__name__, layer=type(cache.layers[0]).__name__, dtype=str(cache.layers[0].keys.dtype),
-    keys_are_the_int8_values=torch.equal(keys, ref_cache.layers[0].dequantized()[0][:, :, :written]),
+    keys_are_the_int8_values=torch.equal(keys, ref_cache.layers[0].keys[:, :, :written]),
     default=type(run("int8", return_dict_in_generate=True).cache).__name__,
 )
 
 # Beam search: reorder_cache moves the scales with the data.
-r["beams"] = torch.equal(run("int8", num_beams=2)[:1].cpu(), ref_beam)
+beams = run("int8", num_beams=3, return_dict_in_generate=True, output_scores=True)
+r["beams"] = dict(tokens=torch.equal(beams.sequences.cpu(), ref_beam.sequences),
+                  scores=float((beams.sequences_scores.cpu() - ref_beam.sequences_scores).abs().max()))
 
 # Upstream's quantized cache stays upstream's; the compiled alternative is said once.
 settings.configure(kv_cache=None)
@@ -166,10 +184,12 @@ def test_int8_cache_bytes_are_what_capacity_counts_and_about_half_of_bf16(kv):
     assert b["int8_bf16_model"] <= 0.55 * b["bf16"]
 
 
-def test_int8_compiles_no_more_than_the_plain_static_cache(kv):
+def test_int8_compiles_no_more_than_the_plain_static_cache_and_decodes_on_the_device(kv):
     plain, int8 = kv["programs"]["plain"], kv["programs"]["int8"]
     assert int8[0] <= plain[0]  # graphs (the decode step: one)
     assert int8[2] == 0 and plain[2] == 0  # a repeat compiles nothing
+    plain_d2h, int8_d2h = kv["programs"]["d2h"]
+    assert int8_d2h == plain_d2h  # the device loop (token ids cross the host link, never the logits)
 
 
 def test_the_returned_cache_is_upstreams_kind_holding_the_dequantized_values(kv):
@@ -180,7 +200,7 @@ def test_the_returned_cache_is_upstreams_kind_holding_the_dequantized_values(kv)
 
 
 def test_beam_search_reorders_the_scales_with_the_data(kv):
-    assert kv["beams"]
+    assert kv["beams"]["tokens"] and kv["beams"]["scores"] < 1e-5
 
 
 def test_upstreams_quantized_cache_is_left_alone_and_the_alternative_said_once(kv):
