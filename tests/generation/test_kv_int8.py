@@ -96,6 +96,14 @@ ref_float = model.cpu().generate(ids, max_new_tokens=NEW, do_sample=False)
 r["tokens"] = dict(int8_equals_cpu_int8=torch.equal(int8.cpu(), ref_int8), plain_equals_cpu_float=torch.equal(plain.cpu(), ref_float),
                    int8_differs_from_float=not torch.equal(ref_int8, ref_float))
 model.to("tpu")
+# The warm-up compiles what an int8 call runs: a later call within its limits compiles nothing.
+import transformers_tpu_ext
+settings.configure(kv_cache="int8")
+torch._dynamo.reset()
+transformers_tpu_ext.warmup(model, max_prompt_length=16, max_new_tokens=NEW, max_batch_size=2)
+before = sim.counters()
+model.generate(ids[:1, :6].to("tpu"), max_new_tokens=NEW, do_sample=False)
+r["after_warmup"] = (sim.counters() - before).programs
 r["programs"] = dict(plain=[plain_first.graphs_compiled, plain_first.programs, plain_second.programs],
                      int8=[int8_first.graphs_compiled, int8_first.programs, int8_second.programs],
                      d2h=[plain_second.d2h_bytes, int8_second.d2h_bytes])  # the device loop: token ids only
@@ -190,6 +198,10 @@ def test_int8_compiles_no_more_than_the_plain_static_cache_and_decodes_on_the_de
     assert int8[2] == 0 and plain[2] == 0  # a repeat compiles nothing
     plain_d2h, int8_d2h = kv["programs"]["d2h"]
     assert int8_d2h == plain_d2h  # the device loop (token ids cross the host link, never the logits)
+
+
+def test_the_warmup_compiles_what_an_int8_call_runs(kv):
+    assert kv["after_warmup"] == 0
 
 
 def test_the_returned_cache_is_upstreams_kind_holding_the_dequantized_values(kv):

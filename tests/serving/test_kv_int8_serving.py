@@ -135,3 +135,14 @@ def test_a_block_copy_copies_the_scales_with_the_pages(served):
 def test_the_pool_of_a_bf16_model_holds_about_twice_the_tokens(served):
     capacity = served["capacity"]
     assert 1.8 <= capacity["int8"] / capacity["None"] <= 2.0
+
+
+def test_the_int8_cache_dtype_replaces_only_the_dtype_argument():
+    import torch
+
+    from transformers_tpu_ext.serving.runtime import int8_pages
+
+    args = ("config", "cb", "device", "helper", torch.bfloat16, True)
+    assert int8_pages(args, {}) == (("config", "cb", "device", "helper", torch.int8, True), {}, torch.bfloat16)
+    kwargs = {"dtype": torch.float32, "model_supports_logits_to_keep": True}
+    assert int8_pages(args[:4], kwargs) == (args[:4], {**kwargs, "dtype": torch.int8}, torch.float32)

@@ -314,10 +314,7 @@ def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return wrapped(*args, **kwargs)
     activations = None
     if plan.kv_cache == "int8":  # upstream's allocators lay out int8 pages (bytes per page halve from bf16)
-        import torch
-
-        activations = args[4] if len(args) > 4 else kwargs.get("dtype", torch.float16)
-        args, kwargs = args[:4], {**kwargs, "dtype": torch.int8}
+        args, kwargs, activations = _runtime().int8_pages(args, kwargs)
     tokens = _one_group.set(True), _activations.set(activations)
     try:
         result = wrapped(*args, **kwargs)

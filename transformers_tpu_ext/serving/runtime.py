@@ -141,6 +141,16 @@ def paged_cache_class() -> type:
     return TPUPagedCache
 
 
+def int8_pages(args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
+    """``PagedAttentionCache(*args, **kwargs)``'s arguments with an int8 cache dtype, and the dtype it had
+    (the model's: the activations keep it)."""
+    import torch
+
+    if len(args) > 4:
+        return (*args[:4], torch.int8, *args[5:]), kwargs, args[4]
+    return args, {**kwargs, "dtype": torch.int8}, kwargs.get("dtype", torch.float16)
+
+
 def add_int8_scales(cache: Any) -> None:
     """Give each allocator of an int8 paged ``cache`` its float32 scale tensor (``quantization.kv_cache``)."""
     from ..quantization import kv_cache
