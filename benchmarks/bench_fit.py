@@ -8,7 +8,7 @@ Two parts, printed as one JSON report:
 - ``model``: Llama-3.1-8B's shape (built from its config on the meta device: no weights, no download),
   counted by ``transformers_tpu_ext.quantization``: bytes of weights in bf16, int8 (torchao weight-only)
   and FP8 (FineGrainedFP8 blocks), KV-cache bytes per position in bf16 and int8 (int8 data and a float32
-  scale per position and head: a projection, the plugin has no int8 KV cache yet), the bytes a decode step
+  scale per position and head: the plugin's opt-in int8 KV cache), the bytes a decode step
   reads at 4,096 cached positions for batch 1 and 8, and the decode ceilings (HBM bandwidth / bytes read
   per step) on one v5e, v6e and v5p chip, with whether the weights fit its placement budget.
 - ``measured``: the same counts checked against what the simulated TPU holds, with and without the plugin,
@@ -17,7 +17,9 @@ Two parts, printed as one JSON report:
   without the plugin, loaded and moved with ``.to("tpu")`` as the Google TPU guide does):
   the bytes its decoder's linear weights take on the TPU (inner tensors of quantized ones), against the
   count's prediction. Without the plugin, the FP8 checkpoint is dequantized to bf16 (upstream's rule without a
-  GPU).
+  GPU). And ``kv_cache``: the bytes per cached position of a tiny bf16 Llama's static cache (head_dim 64)
+  on the TPU: upstream's (bf16) without the plugin, the plugin's int8 cache
+  (``TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8``) with it, against the count's prediction.
 
 The ceilings are bounds from bandwidth alone, and assume the dequantization is fused into the matmul
 (unmeasured on a chip; see docs/quantization.md).
@@ -56,7 +58,7 @@ def model_part() -> dict:
             row = {
                 "weights": weights,
                 "kv": kv,
-                "kv_cache": "implemented" if kv == "bf16" else "projection (no int8 KV cache in the plugin yet)",
+                "kv_cache": "model dtype" if kv == "bf16" else "int8 (TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8)",
                 "weight_bytes": first.weight_bytes,
                 "weight_gib": round(first.weight_bytes / GiB, 2),
                 "kv_bytes_per_position": first.kv_bytes_per_position,
@@ -131,7 +133,45 @@ def worker(side: str) -> dict:
             "ratio_to_bf16": round(on_tpu / (2 * counts.linear), 3),
             "predicted_linear_bytes": predicted,
         }
+    out["kv_cache"] = kv_cache_bytes(side, save_tiny_model(root + "/llama-64", "llama", head_dim=64))
     return out
+
+
+def kv_cache_bytes(side: str, path: str) -> dict:
+    """Bytes per cached position of the static cache a bf16 ``generate()`` runs with on the TPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from transformers_tpu_ext.quantization import capacity
+    from transformers_tpu_ext.quantization.runtime import count
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    if side == "plugin":
+        from transformers_tpu_ext.generation import config as settings, static_cache
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="auto")
+        made, original = [], static_cache.full_length_layers
+        static_cache.full_length_layers = lambda cache, length: (made.append(cache), original(cache, length))[1]
+        settings.configure(kv_cache="int8")
+        model.generate(ids.to("tpu"), max_new_tokens=4, do_sample=False)
+        static_cache.full_length_layers = original
+        cache, kv = made[0], "int8"
+    else:  # upstream's static cache (compiling it would need inductor, which fails on TPU tensors)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("tpu")
+        cache = model.generate(ids.to("tpu"), max_new_tokens=4, do_sample=False, cache_implementation="static",
+                               disable_compile=True, return_dict_in_generate=True).cache
+        kv = "bf16"
+    layers = cache.layers
+    held = sum(t.numel() * t.element_size() for layer in layers for t in
+               (layer.keys, layer.values, getattr(layer, "key_scales", None), getattr(layer, "value_scales", None)) if t is not None)
+    positions = layers[0].keys.shape[0] * layers[0].max_cache_len
+    return {
+        "format": kv,
+        "dtypes": sorted({str(layer.keys.dtype) for layer in layers}),
+        "bytes": held,
+        "bytes_per_position": held // positions,
+        "predicted_bytes_per_position": capacity.kv_bytes_per_position(count(model.config), kv),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

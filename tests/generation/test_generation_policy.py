@@ -267,3 +267,70 @@ def test_compile_settings_the_tpu_backend_accepts(given, expected, changed):
     settings, changes = policy.tpu_compile_settings(*given)
     assert tuple(settings[name] for name in ("backend", "mode", "options", "dynamic")) == expected
     assert changes == changed
+
+
+# -- the int8 KV cache (kv_cache_choice) ------------------------------------------------------------
+
+_STATIC = ("StaticLayer", "StaticLayer")
+#: What a user writes, and the facts the glue reads for it (the table in docs/generation.md).
+KV_CASES = [
+    ("`generate(...)` (no cache asked for: the plugin's static cache)", policy.KVFacts("default", layers=_STATIC)),
+    ('`cache_implementation="static"`', policy.KVFacts("static", "static", layers=_STATIC)),
+    ("a sliding-window model (the plugin holds its windows at full length)", policy.KVFacts("default", layers=_STATIC)),
+    ("`cache=StaticCache(...)` passed in", policy.KVFacts(None)),
+    ('`cache_implementation="dynamic"`, `"offloaded_static"`, ...', policy.KVFacts(None, "dynamic")),
+    ('`cache_implementation="quantized"`', policy.KVFacts(None, "quantized")),
+    ("a cache with other layers (linear attention...)", policy.KVFacts("default", layers=("StaticLayer", "LinearAttentionLayer"))),
+    ("an offloaded static cache", policy.KVFacts("static", "static", layers=_STATIC, offloaded=True)),
+    ("a float8 model", policy.KVFacts("default", layers=_STATIC, dtype="float8_e4m3fn")),
+]
+
+
+UPSTREAMS = "upstream's"
+
+
+def kv_rows() -> list[str]:
+    rows = []
+    for label, facts in KV_CASES:
+        choice, why = policy.kv_cache_choice(facts, "int8")
+        rows.append(f"| {label} | {choice or UPSTREAMS} | {why} |")
+    return rows
+
+
+def test_the_int8_kv_table_in_the_docs_is_the_predicates():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text()
+    table = text.split("| what you write | KV cache | why |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    assert table.splitlines() == kv_rows()
+
+
+def test_int8_kv_only_for_the_plugins_full_length_static_layers_in_a_float_dtype():
+    for kind in ("static", "default"):
+        for dtype in ("float32", "bfloat16", "float16"):
+            assert policy.kv_cache_choice(policy.KVFacts(kind, layers=_STATIC, dtype=dtype), "int8")[0] == "int8"
+    refused = [
+        policy.KVFacts(None, layers=_STATIC),
+        policy.KVFacts("default", layers=()),
+        policy.KVFacts("default", layers=("StaticLayer", "StaticSlidingWindowLayer")),
+        policy.KVFacts("default", layers=_STATIC, one_length=False),
+        policy.KVFacts("default", layers=_STATIC, offloaded=True),
+        policy.KVFacts("default", layers=_STATIC, dtype="int8"),
+        policy.KVFacts("default", "quantized", layers=_STATIC),
+    ]
+    for facts in refused:
+        assert policy.kv_cache_choice(facts, "int8")[0] is None, facts
+    off = policy.kv_cache_choice(policy.KVFacts("default", layers=_STATIC), None)
+    assert off[0] is None and "TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8" in off[1]
+
+
+def test_the_kv_cache_setting_reads_its_variable_and_refuses_other_formats():
+    from transformers_tpu_ext.generation import config
+
+    assert config.current({}).kv_cache is None
+    assert config.current({"TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE": "INT8"}).kv_cache == "int8"
+    assert config.current({"TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE": "none"}).kv_cache is None
+    (problem,) = config.check_environment({"TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE": "int4"})
+    assert "TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE='int4'" in problem
+    with pytest.raises(ValueError, match="kv_cache"):
+        config.TPUGenerationConfig(kv_cache="fp8")

@@ -34,7 +34,7 @@ def test_the_8b_shape_in_bf16_int8_and_fp8(model_part):
     # 32 layers x 2 (K, V) x 8 heads x 128 dims: 2 bytes each, or 1 byte + a 4-byte scale per head and position.
     assert bf16["kv_bytes_per_position"] == 32 * 2 * 8 * 128 * 2
     assert rows["int8", "int8"]["kv_bytes_per_position"] == 32 * 2 * 8 * (128 + 4)
-    assert rows["int8", "int8"]["kv_cache"].startswith("projection")
+    assert rows["int8", "int8"]["kv_cache"].startswith("int8")
 
 
 def test_ceilings_are_bandwidth_over_the_bytes_a_step_reads(model_part):
@@ -66,3 +66,9 @@ def test_the_run_checks_the_counts_against_what_the_simulated_tpu_holds(tmp_path
     assert plugin["fp8"]["layer"] == "FP8Linear" and plugin["fp8"]["weight_dtypes"] == ["torch.float8_e4m3fn"]
     # Without the plugin the FP8 checkpoint is dequantized: the full bf16 bytes.
     assert plain["fp8"]["weight_dtypes"] == ["torch.bfloat16"] and plain["fp8"]["ratio_to_bf16"] == 1.0
+    # The KV cache per position: upstream's bf16 static cache, the plugin's int8 one, each as counted.
+    for side, kv in ((plain, "bf16"), (plugin, "int8")):
+        assert side["kv_cache"]["format"] == kv
+        assert side["kv_cache"]["bytes_per_position"] == side["kv_cache"]["predicted_bytes_per_position"]
+    assert plugin["kv_cache"]["dtypes"] == ["torch.int8"]
+    assert plugin["kv_cache"]["bytes_per_position"] <= 0.55 * plain["kv_cache"]["bytes_per_position"]

@@ -189,3 +189,31 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
         assert not taken and reason in why
     assert serving.paged_path(serving.ServeFacts(eager_function=False))[0]  # SDPA falls back to the registry's
     assert set(serving.PAGED_FALLBACKS.values()) == {"sdpa", "eager"}
+
+
+# -- the int8 paged cache ---------------------------------------------------------------------------
+
+
+def test_int8_pages_only_on_the_tpu_path_with_a_float_model():
+    for dtype in ("float32", "bfloat16", "float16"):
+        assert serving.kv_cache_path("int8", paged=True, dtype=dtype)[0] == "int8"
+    assert serving.kv_cache_path("int8", paged=False, dtype="bfloat16") == (
+        None, "the manager runs unpatched (upstream's paged cache keeps the model's dtype)")
+    assert serving.kv_cache_path("int8", paged=True, dtype="float8_e4m3fn")[0] is None
+    off = serving.kv_cache_path(None, paged=True, dtype="bfloat16")
+    assert off[0] is None and "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE=int8" in off[1]
+
+
+def test_an_int8_sector_counts_its_scales():
+    # A sector of int8 pages: head_dim bytes per (position, head), plus a 4-byte scale each.
+    assert serving.kv_bytes_per_sector(64 * 1000, 64, "int8") == 64 * 1000 + 4 * 1000
+    assert serving.kv_bytes_per_sector(64 * 1000, 64, None) == 64 * 1000
+
+
+def test_the_serve_kv_cache_setting_reads_its_variable_and_refuses_other_formats():
+    assert serving.current({}).kv_cache is None
+    assert serving.current({"TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE": "int8"}).kv_cache == "int8"
+    (problem,) = serving.check_environment({"TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE": "fp8"})
+    assert "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE='fp8'" in problem
+    assert serving.configure(kv_cache="int8").kv_cache == "int8"
+    serving.reset()

@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--chips", type=_counts, help="chip counts to show, e.g. 1 or 1,4 (default: every topology)")
     fit.add_argument("--generation", type=_names, help="TPU generations to show, e.g. v5e,v6e (default: all)")
     fit.add_argument("--weights", type=_names, help="weight formats: bf16, int8, fp8 (default: all three)")
-    fit.add_argument("--kv", type=_names, default=["bf16"], help="KV cache formats: bf16, int8 (int8: a projection, no int8 KV cache yet; default: bf16)")
+    fit.add_argument("--kv", type=_names, default=["bf16"], help="KV cache formats: bf16, int8 (the opt-in int8 KV cache: TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8; default: bf16)")
     fit.add_argument("--context", type=int, default=4096, help="cached positions a decode step reads (default: 4096)")
     fit.add_argument("--batch", type=int, default=1, help="rows decoded together (default: 1)")
     try:

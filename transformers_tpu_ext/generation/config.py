@@ -20,7 +20,7 @@ from . import buckets
 from ..ladders import geometric_ladder
 from ..config import Overrides, check_variables, with_renamed
 
-__all__ = ["ENV", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
+__all__ = ["ENV", "KV_CACHE_FORMATS", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
 #: Environment variable of each field (booleans: 1/0, true/false, on/off; lists: comma-separated).
 ENV: dict[str, str] = {
@@ -35,7 +35,11 @@ ENV: dict[str, str] = {
     "cache_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_CACHE_BUCKETS",
     "max_cache_len": "TRANSFORMERS_TPU_EXT_GENERATE_MAX_CACHE_LEN",
     "recompile_limit": "TRANSFORMERS_TPU_EXT_GENERATE_RECOMPILE_LIMIT",
+    "kv_cache": "TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE",
 }
+
+#: Values of ``kv_cache`` (``None``: the KV cache in the model's dtype, as upstream).
+KV_CACHE_FORMATS = ("int8",)
 
 _PROMPT_MIN = 16
 _MULTIPLE = 16  # bf16 sublane tile: padding the hardware does anyway
@@ -65,6 +69,9 @@ class TPUGenerationConfig:
     - ``max_cache_len``: a floor for the cache length (e.g. the largest your service needs).
     - ``recompile_limit``: TorchDynamo's recompile limit is raised to at least this, so every
       bucket gets its graph instead of silently falling back to eager after 8.
+    - ``kv_cache``: ``"int8"`` stores the static cache the plugin makes as int8 keys and values with
+      one float32 scale per position and key-value head (about half the bytes of bf16; lossy), where
+      ``policy.kv_cache_choice`` allows it; ``None`` (default): the model's dtype, as upstream.
     """
 
     static_cache: bool = True
@@ -78,9 +85,14 @@ class TPUGenerationConfig:
     cache_buckets: tuple[int, ...] | None = None
     max_cache_len: int | None = None
     recompile_limit: int = 64
+    kv_cache: str | None = None
     _ladders: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_FORMATS:
+            raise ValueError(
+                f"TPUGenerationConfig.kv_cache must be None (the model's dtype) or one of {KV_CACHE_FORMATS}, got {self.kv_cache!r}"
+            )
         for name in ("steps_per_octave", "recompile_limit"):
             _positive(name, getattr(self, name))
         for name in ("prefill_chunk", "max_cache_len"):
@@ -152,6 +164,8 @@ def _parse(name: str, raw: str) -> Any:
         raise ValueError(f"{where}: use 1 or 0")
     if raw.lower() in {"", "none", "default"} and "None" in kind:
         return None
+    if kind == "str | None":
+        return raw.lower()
     try:
         if "tuple" in kind:
             return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)

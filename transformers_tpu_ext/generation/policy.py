@@ -14,6 +14,8 @@ Transformers' call, untouched:
    cross the host link) or upstream's loop?
 4. :func:`mask_path`: are the call's **4D masks built on the device** from its 2D mask (sent once),
    or by upstream on the host?
+5. :func:`kv_cache_choice`: does the plugin's static cache hold **int8 keys and values** (the opt-in
+   ``TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8``), or the model's dtype as upstream's?
 
 The glue reads the facts off the model (:class:`ModelKind`), the generation options and the call's
 arguments (:class:`CallShape`); :func:`call_facts` turns them into :class:`CallFacts`, the same way
@@ -35,11 +37,13 @@ __all__ = [
     "CallPlan",
     "CallShape",
     "DecodePath",
+    "KVFacts",
     "LoopFacts",
     "ModelKind",
     "cache_choice",
     "call_facts",
     "decode_path",
+    "kv_cache_choice",
     "mask_path",
     "plan_call",
     "processors_needed",
@@ -400,6 +404,55 @@ def decode_path(facts: LoopFacts) -> DecodePath:
 #: Model kwargs that are plain flags, not per-step tensors.
 _PASSIVE_KWARGS = frozenset({"output_attentions", "output_hidden_states", "return_dict"})
 
+
+
+@dataclass(frozen=True)
+class KVFacts:
+    """What the glue knows of a static cache generate() just made in a handled call (plain data)."""
+
+    cache: str | None  # cache_choice's kind: "static" (the caller's), "default" (the plugin's), None
+    cache_implementation: str | None = None  # the caller's generation option
+    layers: tuple[str, ...] = ()  # class names of the cache's layers (after sliding windows became full-length)
+    one_length: bool = True  # every layer holds the same number of positions
+    offloaded: bool = False
+    dtype: str = "float32"  # the model's dtype (torch name without "torch.")
+
+
+#: Model dtypes the int8 cache dequantizes to (a float model; never an integer or float8 one).
+KV_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+#: Why a caller's ``cache_implementation="quantized"`` stays upstream's (said once on TPU).
+QUANTIZED_IS_UPSTREAMS = (
+    "cache_implementation='quantized' is upstream's QuantizedCache (dynamic layers: a new program for every "
+    "length on a TPU); TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8 is the compiled alternative (int8 static cache)"
+)
+
+
+def kv_cache_choice(facts: KVFacts, setting: str | None) -> tuple[str | None, str]:
+    """``("int8", why)`` if the static cache generate() made in a handled call is stored in int8, else
+    ``(None, why not)`` (``setting``: ``TPUGenerationConfig.kv_cache``).
+
+    Safe when the cache is one the plugin makes and owns (:func:`cache_choice`'s ``"static"`` or
+    ``"default"``), on the device, every layer a full-length ``StaticLayer`` of one length (sliding
+    windows already replaced), and the model computes in a float dtype the cache dequantizes to.
+    Anything else (a cache passed in, upstream's quantized, dynamic or offloaded caches, other layer
+    kinds) keeps its dtype and its class: upstream's.
+    """
+    if facts.cache_implementation == "quantized":
+        return None, QUANTIZED_IS_UPSTREAMS
+    if setting != "int8":
+        return None, "the int8 KV cache is off (TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8 turns it on)"
+    if facts.cache not in ("static", "default"):
+        return None, "not a static cache the plugin makes (the caller's cache keeps its dtype)"
+    if facts.offloaded:
+        return None, "an offloaded static cache"
+    if not facts.layers or any(layer != "StaticLayer" for layer in facts.layers):
+        other = sorted(set(facts.layers) - {"StaticLayer"}) or ["no layers"]
+        return None, "layers that are not full-length StaticLayers: " + ", ".join(other)
+    if not facts.one_length:
+        return None, "layers of different lengths"
+    if facts.dtype not in KV_FLOAT_DTYPES:
+        return None, f"the model's dtype is {facts.dtype} (the int8 cache dequantizes to a float dtype)"
+    return "int8", "int8 keys and values, one float32 scale per position and key-value head"
 
 
 #: String backends that run on any device; any other string backend is replaced by ``tpu``.

@@ -17,6 +17,8 @@ Glue over ``transformers.cache_utils`` for the generation patch (imported when a
   caches (its default static cache, its buckets) go to the plugin's own floor instead
   (:data:`FLOOR`), so Transformers' attribute, and every cache sized from it (the one handed back,
   one a call left to upstream makes), stays what it would be without the plugin.
+- :func:`int8_layers_if_chosen`: the opt-in int8 KV cache (``policy.kv_cache_choice``): the static
+  layers become ``quantization.kv_cache.Int8StaticLayer``s; the cache handed back is dequantized.
 - :func:`cache_kind`, :func:`text_layer_types`: the facts the policy reads about a cache and a model.
 """
 
@@ -31,6 +33,7 @@ __all__ = [
     "attention_heads",
     "cache_kind",
     "full_length_layers",
+    "int8_layers_if_chosen",
     "keep_upstreams_cache_length",
     "layers_replaced",
     "text_layer_types",
@@ -77,17 +80,21 @@ def text_layer_types(model: Any) -> tuple[str, ...]:
 
 def cache_kind(cache: Any) -> str:
     """``"static"`` for generate()'s static cache on the device (a ``StaticCache`` whose every layer is a
-    full-length ``StaticLayer`` of one length, not offloaded), ``"none"``, else the cache's class name."""
+    full-length ``StaticLayer`` of one length, or the plugin's int8 one, not offloaded), ``"none"``, else
+    the cache's class name."""
     if cache is None:
         return "none"
     from transformers.cache_utils import StaticCache, StaticLayer
 
+    from ..quantization import kv_cache
+
+    static_layers = (StaticLayer, kv_cache.Int8StaticLayer)
     layers = getattr(cache, "layers", None) or []
     if (
         type(cache) is StaticCache
         and not getattr(cache, "offloading", False)
         and layers
-        and all(type(layer) is StaticLayer for layer in layers)
+        and all(type(layer) in static_layers for layer in layers)
         and len({layer.max_cache_len for layer in layers}) == 1
     ):
         return "static"
@@ -111,8 +118,32 @@ def full_length_layers(cache: Any, length: int | None) -> None:
         layers[index] = full
 
 
+def int8_layers_if_chosen(model: Any, cache: Any, plan: Any, setting: str | None) -> str | None:
+    """Store ``cache`` (generate()'s new static cache in a handled call) in int8 where
+    ``policy.kv_cache_choice`` allows it; returns the choice (``"int8"`` or ``None``)."""
+    import logging
+
+    from ..quantization import kv_cache
+    from . import policy
+
+    layers = getattr(cache, "layers", None) or []
+    facts = policy.KVFacts(
+        cache="default" if plan.static_cache else "static",
+        cache_implementation="static",
+        layers=tuple(type(layer).__name__ for layer in layers),
+        one_length=len({getattr(layer, "max_cache_len", None) for layer in layers}) == 1,
+        offloaded=bool(getattr(cache, "offloading", False)),
+        dtype=str(model.dtype).removeprefix("torch."),
+    )
+    choice, why = policy.kv_cache_choice(facts, setting)
+    logging.getLogger("transformers_tpu_ext").debug("transformers-tpu-ext: KV cache %s: %s", choice or "upstream's", why)
+    if choice == "int8":
+        kv_cache.int8_static_layers(cache)
+    return choice
+
+
 def layers_replaced(cache: Any) -> bool:
-    """Whether :func:`full_length_layers` replaced a layer of ``cache``."""
+    """Whether :func:`full_length_layers` (or :func:`int8_layers_if_chosen`) replaced a layer of ``cache``."""
     return any(getattr(layer, "_tpu_ext_replaced", False) for layer in getattr(cache, "layers", ()))
 
 
@@ -131,7 +162,8 @@ def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, length:
     else:
         fresh = DynamicCache(config=text_config)
     for index, layer in enumerate(cache.layers):
-        keys, values = layer.keys, layer.values
+        # The int8 cache is handed back dequantized (what its attention read): a plain cache of the model's dtype.
+        keys, values = layer.dequantized() if hasattr(layer, "dequantized") else (layer.keys, layer.values)
         rows = padding.real_rows(keys.shape[0])
         written = int(layer.get_seq_length())
         fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)

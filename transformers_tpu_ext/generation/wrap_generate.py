@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from ..backend import is_tpu
+from ..wrapping import warn_once
 from . import config as settings_module
 from . import policy, static_cache
 from .call import CURRENT, UPSTREAM, CallState, bind, model_kind, report_failure
@@ -130,6 +131,8 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
     plan = policy.plan_call(facts, static_cache=settings.static_cache, bucketing=settings.bucketing)
     if plan.upstream:
         logger.debug("transformers-tpu-ext: generate() left to upstream: %s", plan.reason)
+        if facts.cache_implementation == "quantized":
+            warn_once(policy.kv_cache_choice(policy.KVFacts(None, "quantized"), settings.kv_cache)[1])
         return None
     logger.debug(
         "transformers-tpu-ext: generate() handled: %s static cache; %s",

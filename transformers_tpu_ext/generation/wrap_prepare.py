@@ -90,6 +90,9 @@ def prepare_static_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     # every kv offset. A full-length layer masked to the window computes the same attention with a
     # length held in a tensor: one graph. (It holds the whole sequence: max_cache_len positions.)
     static_cache.full_length_layers(cache, getattr(instance, "_previous_max_cache_length", None))
+    state = CURRENT.get()
+    if state.settings.kv_cache is not None:
+        static_cache.int8_layers_if_chosen(instance, cache, state.plan, state.settings.kv_cache)
     return cache
 
 

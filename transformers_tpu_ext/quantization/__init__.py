@@ -1,4 +1,4 @@
-"""Models that fit: quantized weights and the fit report on TPU.
+"""Models that fit: quantized weights, the int8 KV cache and the fit report on TPU.
 
 - :mod:`.policy` (pure): which path a quantized load or product takes on a TPU (FineGrainedFP8 kept
   8-bit, bitsandbytes refused with the TPU alternative, what each torchao config does), with reasons.
@@ -7,6 +7,8 @@
 - :mod:`.runtime`: the torch-level pieces (FP8 dequantization in the graph, bytes resident on the TPU
   counting quantized tensors by their inner tensors, counting a config on the meta device) and
   :func:`fit_report`, the Python side of ``transformers-tpu doctor --fit``.
+- :mod:`.kv_cache`: the opt-in int8 KV cache (int8 keys/values, a float32 scale per position and
+  key-value head): the static layer ``generate()`` uses, and the paged cache's quantize-on-write.
 - ``patch_quantizers`` (``transformers.quantizers.auto``) and ``patch_finegrained_fp8``
   (``transformers.integrations.finegrained_fp8``): the glue.
 

@@ -7,8 +7,8 @@ topology (:data:`transformers_tpu_ext.topology.TOPOLOGIES`), gives:
 - the bytes of weights per chip in the chosen format (bf16, int8, fp8), counted as the quantizers leave
   them: torchao's int8 weight-only and FineGrainedFP8 convert the decoder layers' linear weights; the
   embeddings, the output head and the norms stay in bf16;
-- the bytes one position of KV cache adds per chip (bf16, or a projected int8 cache: int8 data and one
-  float32 scale per position and key-value head; the plugin has no int8 KV cache yet);
+- the bytes one position of KV cache adds per chip (bf16, or the plugin's opt-in int8 cache: int8 data
+  and one float32 scale per position and key-value head, ``quantization.kv_cache``);
 - the placement budget per chip (HBM minus the headroom ``device_map="auto"`` leaves,
   :func:`transformers_tpu_ext.placement.budget.default_headroom`; times 0.9 for torchao, whose quantizer
   keeps that margin): whether the weights fit, and how many cached positions (summed over the batch) the
@@ -97,7 +97,7 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType(
 KV_FORMATS: Mapping[str, Any] = MappingProxyType(
     {
         "bf16": lambda d: 2 * d,
-        "int8": lambda d: d + 4,  # projected int8 cache (not built yet): one float32 scale per position and head
+        "int8": lambda d: d + 4,  # the int8 KV cache (quantization.kv_cache): one float32 scale per position and head
     }
 )
 

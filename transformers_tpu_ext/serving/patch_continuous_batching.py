@@ -14,7 +14,9 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
 - ``ContinuousBatchingIOs`` (the name the batch processor builds): ``TPUBatchIO`` on TPU.
 - ``PagedAttentionMemoryHandler``: the cache is sized from the chip's HBM (not host RAM).
 - ``PagedAttentionCache.__init__`` / ``group_layers_by_attn_type``: one full-attention cache group
-  (sliding windows are applied by the attention's mask).
+  (sliding windows are applied by the attention's mask); with the int8 KV cache
+  (``serving.kv_cache_path``), int8 pages and a parallel float32 scale tensor, whose blocks
+  ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
@@ -62,6 +64,8 @@ class _Init:
 
 _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb_init", default=None)
 _one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
+#: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
+_activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
 
 
 def apply(module: Any) -> None:
@@ -77,6 +81,8 @@ def apply(module: Any) -> None:
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
+    _wraps.wrap(allocators.CacheAllocator, "copy_blocks", _copy_blocks)
     handler = cache_module.PagedAttentionMemoryHandler
     _wraps.wrap(handler, "get_available_memory", _available_memory)
     _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", _infer_sizes)
@@ -114,6 +120,8 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     taken, why = serving.paged_path(_serve_facts(model))
     if not taken:
         warn_once(f"continuous batching on TPU runs unpatched for this model: {why}")
+        if serving.current().kv_cache:
+            warn_once(serving.kv_cache_path("int8", paged=False, dtype="")[1])
         return wrapped(*args, **kwargs)
     # The user's own mistakes (a bad TRANSFORMERS_TPU_EXT_SERVE_* or HBM headroom value) raise here.
     settings = serving.current()
@@ -271,6 +279,10 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.varlen_compile_config = _runtime().tpu_compile_config(getattr(user, "varlen_compile_config", None))
     resolved.decode_compile_config = None
     _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(plan.shapes) + 8))
+    plan.kv_cache, why = serving.kv_cache_path(
+        init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
+    )
+    logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
     resolved.tpu_plan = plan
 
 
@@ -297,13 +309,26 @@ def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     config = kwargs.get("continuous_batching_config", args[1] if len(args) > 1 else None)
-    if _plan_of(config) is None:
+    plan = _plan_of(config)
+    if plan is None:
         return wrapped(*args, **kwargs)
-    token = _one_group.set(True)
+    activations = None
+    if plan.kv_cache == "int8":  # upstream's allocators lay out int8 pages (bytes per page halve from bf16)
+        args, kwargs, activations = _runtime().int8_pages(args, kwargs)
+    tokens = _one_group.set(True), _activations.set(activations)
     try:
         result = wrapped(*args, **kwargs)
     finally:
-        _one_group.reset(token)
+        _one_group.reset(tokens[0])
+        _activations.reset(tokens[1])
+    if activations is not None:
+        _runtime().add_int8_scales(instance)
+    return result
+
+
+def _copy_blocks(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    _runtime().copy_int8_scales(instance, *args, **kwargs)  # an int8 paged cache's scales go with its blocks
     return result
 
 
@@ -324,9 +349,13 @@ def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     plan = _plan_of(instance.cb_config)
     if plan is None:
         return wrapped(*args, **kwargs)
+    from transformers.generation.continuous_batching.utils import find_head_dim
+
+    if _activations.get() is not None:  # int8 pages; activations (and their working memory) in the model's dtype
+        instance.activation_dtype = _activations.get()
     plan.cache = serving.cache_plan(
         plan.budget,
-        instance.bytes_per_sector,
+        serving.kv_bytes_per_sector(instance.bytes_per_sector, find_head_dim(instance.config), plan.kv_cache),
         _step_bytes(instance, plan),
         requested_sectors=instance.num_sectors_from_config(),
     )

@@ -41,6 +41,8 @@ __all__ = [
     "PAGED_LAYER_TYPES",
     "ServeFacts",
     "paged_path",
+    "kv_cache_path",
+    "kv_bytes_per_sector",
     "DEFAULT_MAX_BATCH_TOKENS",
     "DEFAULT_MAX_LEN",
     "DEFAULT_MAX_REQUESTS",
@@ -84,7 +86,14 @@ ENV: dict[str, str] = {
     "max_len": "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN",
     "page_size": "TRANSFORMERS_TPU_EXT_SERVE_PAGE_SIZE",
     "warmup": "TRANSFORMERS_TPU_EXT_SERVE_WARMUP",
+    "kv_cache": "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE",
 }
+#: Values of ``kv_cache`` (``None``: pages in the model's dtype, as upstream).
+KV_CACHE_FORMATS = ("int8",)
+#: Model dtypes int8 pages dequantize to.
+KV_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+#: Bytes of one page scale (float32), per position and key-value head.
+KV_SCALE_BYTES = 4
 
 
 #: The attention implementations the TPU paged attention stands in for during the manager's steps,
@@ -126,6 +135,30 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
     if PAGED_FALLBACKS[facts.attention] == "eager" and not facts.eager_function:
         return False, "the model's eager attention is not the standard one (no eager_attention_forward)"
     return True, "paged attention on TPU (the model's own attention outside the manager's steps)"
+
+
+def kv_cache_path(setting: str | None, *, paged: bool, dtype: str) -> tuple[str | None, str]:
+    """``("int8", why)`` if the TPU paged cache stores int8 pages (and a parallel float32 scale per
+    position and key-value head), else ``(None, why not)`` (``setting``: ``ServeSettings.kv_cache``).
+
+    Safe when the manager takes the TPU path (:func:`paged_path`: its ``update`` is the one place
+    pages are written and read, quantized on write, dequantized on gather) and the model computes in
+    a float dtype. A manager left unpatched keeps upstream's cache in the model's dtype.
+    """
+    if setting != "int8":
+        return None, f"the int8 KV cache is off ({ENV['kv_cache']}=int8 turns it on)"
+    if not paged:
+        return None, "the manager runs unpatched (upstream's paged cache keeps the model's dtype)"
+    if dtype not in KV_FLOAT_DTYPES:
+        return None, f"the model's dtype is {dtype} (int8 pages dequantize to a float dtype)"
+    return "int8", "int8 pages, one float32 scale per position and key-value head"
+
+
+def kv_bytes_per_sector(bytes_per_sector: int, head_dim: int, kv_cache: str | None) -> int:
+    """Bytes a cache sector costs: its pages, plus (int8) its scales, one per ``head_dim`` int8 bytes."""
+    if kv_cache != "int8":
+        return bytes_per_sector
+    return bytes_per_sector + bytes_per_sector // head_dim * KV_SCALE_BYTES
 
 
 def _positive(name: str, value: Any) -> None:
@@ -339,6 +372,9 @@ class ServeSettings:
     - ``page_size``: ``None`` follows the max length (unless the ContinuousBatchingConfig sets a
       page size other than its default, 256).
     - ``warmup``: precompile every step shape when a manager starts without a warm-up.
+    - ``kv_cache``: ``"int8"`` stores the pages as int8 with one float32 scale per position and
+      key-value head (the pool holds about twice the tokens of bf16 pages; lossy), where
+      :func:`kv_cache_path` allows it; ``None`` (default): the model's dtype.
     """
 
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
@@ -348,8 +384,11 @@ class ServeSettings:
     max_len: int | None = None
     page_size: int | None = None
     warmup: bool = True
+    kv_cache: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_FORMATS:
+            raise ValueError(f"kv_cache must be None (the model's dtype) or one of {KV_CACHE_FORMATS}, got {self.kv_cache!r}")
         _positive("max_batch_tokens", self.max_batch_tokens)
         _positive("max_requests", self.max_requests)
         for name in ("max_len", "page_size"):
@@ -417,6 +456,8 @@ def _parse(name: str, raw: str) -> Any:
         if raw.lower() in _TRUE | _FALSE:
             return raw.lower() in _TRUE
         raise ValueError(f"{where}: use 1 or 0")
+    if name == "kv_cache":
+        return None if raw.lower() in {"", "none", "default"} else raw.lower()
     try:
         if name.endswith("buckets"):
             return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
@@ -509,6 +550,8 @@ class ServingPlan:
     resident_bytes: int
     headroom_bytes: int
     warmup: bool = True
+    #: the KV cache format (``kv_cache_path``): "int8", or None for the model's dtype
+    kv_cache: str | None = None
     #: what the user should know about this plan (explicit rungs a smaller limit cut), logged once
     notes: tuple[str, ...] = ()
     cache: CachePlan | None = None
@@ -540,6 +583,7 @@ class ServingPlan:
             "kv_cache_bytes": cache.cache_bytes if cache else None,
             "step_bytes": cache.step_bytes if cache else None,
             "kv_cache_fraction_of_budget": round(cache.usable_fraction, 4) if cache else None,
+            "kv_cache_format": self.kv_cache,
             "stats": self.stats.asdict(),
         }
 

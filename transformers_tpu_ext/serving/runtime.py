@@ -121,16 +121,51 @@ def paged_cache_class() -> type:
 
             keys, values = self.allocator._kv_token_views[layer_idx]  # [slots, kv_heads, head_dim]
             write = kwargs["tpu_write_slots"].long()
-            keys.index_copy_(0, write, key_states[0].transpose(0, 1).to(keys.dtype))
-            values.index_copy_(0, write, value_states[0].transpose(0, 1).to(values.dtype))
             # Each token's pages: its request's row of the block table (first slot of each page),
             # plus the offsets inside a page. [Q, blocks * page_size]
             bases = kwargs["tpu_block_base"][kwargs["tpu_token_seq"].long()].long()
             offsets = torch.arange(self.page_size, device=bases.device)
             slots = (bases[:, :, None] + offsets).reshape(bases.shape[0], -1)
+            scales = getattr(self.allocator, "_tpu_ext_kv_scales", None)
+            if scales is not None:  # int8 pages: quantized on write, dequantized on gather
+                from ..quantization import kv_cache
+
+                first = 2 * self.allocator.layer_indices.index(layer_idx) * self.page_size  # where the views start
+                return kv_cache.paged_update(
+                    keys, values, scales, (first, first + self.page_size), write, slots, key_states, value_states
+                )
+            keys.index_copy_(0, write, key_states[0].transpose(0, 1).to(keys.dtype))
+            values.index_copy_(0, write, value_states[0].transpose(0, 1).to(values.dtype))
             return keys[slots], values[slots]
 
     return TPUPagedCache
+
+
+def int8_pages(args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
+    """``PagedAttentionCache(*args, **kwargs)``'s arguments with an int8 cache dtype, and the dtype it had
+    (the model's: the activations keep it)."""
+    import torch
+
+    if len(args) > 4:
+        return (*args[:4], torch.int8, *args[5:]), kwargs, args[4]
+    return args, {**kwargs, "dtype": torch.int8}, kwargs.get("dtype", torch.float16)
+
+
+def add_int8_scales(cache: Any) -> None:
+    """Give each allocator of an int8 paged ``cache`` its float32 scale tensor (``quantization.kv_cache``)."""
+    from ..quantization import kv_cache
+
+    for allocator in cache.cache_allocators.values():
+        allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
+
+
+def copy_int8_scales(allocator: Any, source_block_ids: list[int], dest_block_ids: list[int]) -> None:
+    """After ``allocator.copy_blocks``: the same blocks' scales, for an int8 paged cache (else nothing)."""
+    scales = getattr(allocator, "_tpu_ext_kv_scales", None)
+    if scales is not None and source_block_ids:
+        from ..quantization import kv_cache
+
+        kv_cache.copy_scale_blocks(allocator, scales, source_block_ids, dest_block_ids)
 
 
 @functools.cache
