@@ -19,6 +19,7 @@ from typing import Any
 from . import buckets
 from ..ladders import geometric_ladder
 from ..config import Overrides, check_variables, with_renamed
+from ..quantization import kv_cache as kv_cache_format
 
 __all__ = ["ENV", "KV_CACHE_FORMATS", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
@@ -39,7 +40,7 @@ ENV: dict[str, str] = {
 }
 
 #: Values of ``kv_cache`` (``None``: the KV cache in the model's dtype, as upstream).
-KV_CACHE_FORMATS = ("int8",)
+KV_CACHE_FORMATS = kv_cache_format.FORMATS
 
 _PROMPT_MIN = 16
 _MULTIPLE = 16  # bf16 sublane tile: padding the hardware does anyway

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..quantization import kv_cache as kv_format
+
 __all__ = [
     "DEVICE_PROCESSORS",
     "HOST_OPTIONS",
@@ -418,8 +420,6 @@ class KVFacts:
     dtype: str = "float32"  # the model's dtype (torch name without "torch.")
 
 
-#: Model dtypes the int8 cache dequantizes to (a float model; never an integer or float8 one).
-KV_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 #: Why a caller's ``cache_implementation="quantized"`` stays upstream's (said once on TPU).
 QUANTIZED_IS_UPSTREAMS = (
     "cache_implementation='quantized' is upstream's QuantizedCache (dynamic layers: a new program for every "
@@ -450,7 +450,7 @@ def kv_cache_choice(facts: KVFacts, setting: str | None) -> tuple[str | None, st
         return None, "layers that are not full-length StaticLayers: " + ", ".join(other)
     if not facts.one_length:
         return None, "layers of different lengths"
-    if facts.dtype not in KV_FLOAT_DTYPES:
+    if facts.dtype not in kv_format.FLOAT_DTYPES:
         return None, f"the model's dtype is {facts.dtype} (the int8 cache dequantizes to a float dtype)"
     return "int8", "int8 keys and values, one float32 scale per position and key-value head"
 

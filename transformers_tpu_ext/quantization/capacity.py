@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from ..placement.budget import default_headroom
 from ..topology import TOPOLOGIES
+from . import kv_cache
 
 __all__ = [
     "CHIPS",
@@ -97,7 +98,7 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = MappingProxyType(
 KV_FORMATS: Mapping[str, Any] = MappingProxyType(
     {
         "bf16": lambda d: 2 * d,
-        "int8": lambda d: d + 4,  # the int8 KV cache (quantization.kv_cache): one float32 scale per position and head
+        "int8": lambda d: d + kv_cache.SCALE_BYTES,  # the int8 KV cache: int8 data and one float32 scale per position and head
     }
 )
 

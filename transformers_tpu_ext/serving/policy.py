@@ -35,6 +35,7 @@ from typing import Any
 
 from ..ladders import geometric_ladder, round_up
 from ..config import Overrides, check_variables
+from ..quantization import kv_cache as kv_format
 
 __all__ = [
     "PAGED_FALLBACKS",
@@ -88,12 +89,6 @@ ENV: dict[str, str] = {
     "warmup": "TRANSFORMERS_TPU_EXT_SERVE_WARMUP",
     "kv_cache": "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE",
 }
-#: Values of ``kv_cache`` (``None``: pages in the model's dtype, as upstream).
-KV_CACHE_FORMATS = ("int8",)
-#: Model dtypes int8 pages dequantize to.
-KV_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: Bytes of one page scale (float32), per position and key-value head.
-KV_SCALE_BYTES = 4
 
 
 #: The attention implementations the TPU paged attention stands in for during the manager's steps,
@@ -149,7 +144,7 @@ def kv_cache_path(setting: str | None, *, paged: bool, dtype: str) -> tuple[str 
         return None, f"the int8 KV cache is off ({ENV['kv_cache']}=int8 turns it on)"
     if not paged:
         return None, "the manager runs unpatched (upstream's paged cache keeps the model's dtype)"
-    if dtype not in KV_FLOAT_DTYPES:
+    if dtype not in kv_format.FLOAT_DTYPES:
         return None, f"the model's dtype is {dtype} (int8 pages dequantize to a float dtype)"
     return "int8", "int8 pages, one float32 scale per position and key-value head"
 
@@ -158,7 +153,7 @@ def kv_bytes_per_sector(bytes_per_sector: int, head_dim: int, kv_cache: str | No
     """Bytes a cache sector costs: its pages, plus (int8) its scales, one per ``head_dim`` int8 bytes."""
     if kv_cache != "int8":
         return bytes_per_sector
-    return bytes_per_sector + bytes_per_sector // head_dim * KV_SCALE_BYTES
+    return bytes_per_sector + bytes_per_sector // head_dim * kv_format.SCALE_BYTES
 
 
 def _positive(name: str, value: Any) -> None:
@@ -387,8 +382,8 @@ class ServeSettings:
     kv_cache: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_FORMATS:
-            raise ValueError(f"kv_cache must be None (the model's dtype) or one of {KV_CACHE_FORMATS}, got {self.kv_cache!r}")
+        if self.kv_cache is not None and self.kv_cache not in kv_format.FORMATS:
+            raise ValueError(f"kv_cache must be None (the model's dtype) or one of {kv_format.FORMATS}, got {self.kv_cache!r}")
         _positive("max_batch_tokens", self.max_batch_tokens)
         _positive("max_requests", self.max_requests)
         for name in ("max_len", "page_size"):
