@@ -388,10 +388,16 @@ _LAUNCH_VARS = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "TORCH
 
 @pytest.fixture
 def clean_launch_env(monkeypatch):
+    # set_tpu_launch_env writes os.environ itself, which monkeypatch does not undo: the whole environment is
+    # put back afterwards, or MASTER_ADDR=w-0, NODE_RANK=1... reach every later test of this process (and the
+    # processes it starts: a docs page's two-host launch then waits for host w-0 until it times out).
+    saved = dict(os.environ)
     multi_host = ("TORCH_TPU_DEVICES_PER_HOST", "NODE_RANK", "JOB_COMPLETION_INDEX", "NNODES", "MASTER_ADDR", "MASTER_PORT")
     for var in _LAUNCH_VARS + multi_host:
         monkeypatch.delenv(var, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_set_tpu_launch_env_sets_variables_once_and_records_calls(sim, clean_launch_env):
