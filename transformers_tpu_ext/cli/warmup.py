@@ -142,14 +142,25 @@ def _generate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {"buckets": [list(plan) for plan in plans]}
 
 
-def _serve(model: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from transformers import GenerationConfig
+def serve_generation_config(model: Any, do_sample: bool = False) -> Any:
+    """The generation config ``transformers serve`` builds its continuous-batching manager from for a
+    request that sets no sampling option: the model's own (a copy; Qwen3's and Llama-3-Instruct's
+    sample), without the model's KV cache (the manager pages its own). ``do_sample`` forces sampling."""
+    import copy
 
+    config = copy.deepcopy(model.generation_config)
+    if config.max_new_tokens is None or config.max_new_tokens < 1024:
+        config.max_new_tokens = 1024
+    if do_sample:
+        config.do_sample = True
+    config.use_cache = False
+    return config
+
+
+def _serve(model: Any, args: argparse.Namespace) -> dict[str, Any]:
     from transformers_tpu_ext.compilation.warmups import warmup_serve
 
-    config = GenerationConfig(do_sample=args.do_sample, eos_token_id=model.generation_config.eos_token_id,
-                              pad_token_id=model.generation_config.pad_token_id)
-    manager = warmup_serve(model, generation_config=config)
+    manager = warmup_serve(model, generation_config=serve_generation_config(model, do_sample=args.do_sample))
     plan = getattr(manager.continuous_batching_config, "tpu_plan", None)
     shapes = [list(shape) for shape in getattr(plan, "shapes", ())]
     try:

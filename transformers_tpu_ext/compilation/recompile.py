@@ -117,7 +117,7 @@ def program_count() -> tuple[int | None, int]:
     return backend, _dynamo_graphs()
 
 
-def _set_cache_only(enabled: bool) -> bool:
+def set_cache_only(enabled: bool) -> bool:
     """Turn the backend's cache-only mode on (counted: nested or concurrent calls) or off; False if absent."""
     global _cache_only_users
     switch = getattr(_tpu_module(), "_set_cache_only", None)
@@ -135,7 +135,7 @@ def _set_cache_only(enabled: bool) -> bool:
     return True
 
 
-def _is_cache_only_error(error: BaseException) -> str | None:
+def cache_only_key(error: BaseException) -> str | None:
     """torch_tpu's cache-only error anywhere in ``error``'s chain (TorchDynamo wraps it): its text."""
     seen = set()
     while error is not None and id(error) not in seen:
@@ -205,13 +205,13 @@ def guarded(work: str, owner: Any, describe: Callable[[Mapping[str, Any]], CallF
         and work_state.steady is not None
         and not work_state.warming
         and backend_before is not None
-        and _set_cache_only(True)
+        and set_cache_only(True)
     )
     _local.active = True
     try:
         yield
     except Exception as error:
-        key = _is_cache_only_error(error) if cache_only else None
+        key = cache_only_key(error) if cache_only else None
         if key is None:
             raise
         facts = _describe(describe, work_state)
@@ -221,7 +221,7 @@ def guarded(work: str, owner: Any, describe: Callable[[Mapping[str, Any]], CallF
     finally:
         _local.active = False
         if cache_only:
-            _set_cache_only(False)
+            set_cache_only(False)
     backend_after, graphs_after = program_count()
     graphs = graphs_after - graphs_before
     facts = None

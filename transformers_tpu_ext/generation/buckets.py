@@ -41,6 +41,7 @@ __all__ = [
     "prefill_chunk",
     "prompt_bucket",
     "Plan",
+    "warmup_prompts",
 ]
 
 
@@ -140,6 +141,21 @@ def warmup_rows(batch_sizes: Sequence[int] | None, largest: int, ladder: Sequenc
     if sampling:
         return sorted(set(batch_sizes))
     return sorted({batch_bucket(b, ladder) for b in batch_sizes})
+
+
+def warmup_prompts(max_prompt_length: int, ladder: Sequence[int], chunk: int | None) -> list[int]:
+    """Every padded prompt length a call of up to ``max_prompt_length`` tokens runs with: ``warmup()``
+    runs one call per length (and batch), so each finds its programs.
+
+    A prompt may get one padding column (``min_padding``), so lengths up to ``max_prompt_length + 1``
+    count. Past ``chunk`` the prefill reuses the chunk's graphs, but the call itself is not the same
+    work: upstream computes the tokens left to prefill from the padded length on the device (a small
+    program keyed by that length, as torch_tpu keys a program by its Python numbers), so every padded
+    length past the chunk is warmed up too: ``len(ladder)`` calls per chunk of ``max_prompt_length``.
+    """
+    if max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+    return sorted({prompt_bucket(length, ladder, chunk) for length in range(1, max_prompt_length + 2)})
 
 
 def padding_overhead(calls: Iterable[tuple[int, int, int, int, int]]) -> float:

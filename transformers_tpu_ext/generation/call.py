@@ -40,6 +40,10 @@ class CallState:
     #: ``(cache, mask)`` while the call's 4D masks are built on the device from ``mask`` (2D, on the
     #: TPU, as long as ``cache``): what the mask builder hands the model (``wrap_prepare``).
     device_mask: Any = None
+    #: Where the user's callbacks get their tensors (``policy.callback_device``: the call's input device,
+    #: or ``None`` for the host) and which callbacks are the user's (``id()`` of each processor and criterion).
+    callback_device: Any = None
+    user_callbacks: frozenset = frozenset()
 
 
 #: The call in flight in this thread or task (``None`` outside a TPU ``generate()``).

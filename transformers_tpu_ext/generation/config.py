@@ -68,8 +68,9 @@ class TPUGenerationConfig:
     - ``batch_buckets``: batch sizes (past the last one: its multiples).
     - ``cache_buckets``: static-cache lengths; ``None`` = a ladder from 64, multiples of 64.
     - ``max_cache_len``: a floor for the cache length (e.g. the largest your service needs).
-    - ``recompile_limit``: TorchDynamo's recompile limit is raised to at least this, so every
-      bucket gets its graph instead of silently falling back to eager after 8.
+    - ``recompile_limit``: TorchDynamo's recompile limit is raised to at least this, and to what the
+      buckets need (:meth:`dynamo_recompile_limit`), so every bucket gets its graph instead of
+      silently falling back to eager after 8.
     - ``kv_cache``: ``"int8"`` stores the static cache the plugin makes as int8 keys and values with
       one float32 scale per position and key-value head (about half the bytes of bf16; lossy), where
       ``policy.kv_cache_choice`` allows it; ``None`` (default): the model's dtype, as upstream.
@@ -128,6 +129,20 @@ class TPUGenerationConfig:
                 else geometric_ladder(_CACHE_MIN, _LADDER_TOP, self.steps_per_octave, _CACHE_MULTIPLE)
             )
         return self._ladders["cache"]
+
+    def forward_graphs(self) -> int:
+        """The forward graphs the buckets make for one static-cache length: per batch bucket, one
+        prefill graph per prompt rung (up to the prefill chunk) and one decode step."""
+        chunk = self.prefill_chunk
+        rungs = {r for r in self.prompt_ladder() if chunk is None or r <= chunk} | ({chunk} if chunk else set())
+        return len(self.batch_buckets) * (len(rungs) + 1)
+
+    def dynamo_recompile_limit(self) -> int:
+        """TorchDynamo's recompile limit the buckets need: ``recompile_limit``, raised to twice
+        :meth:`forward_graphs` plus 8 (a second cache length before the warm-up fixed one, and the
+        model's other compiled functions). Past the limit TorchDynamo stops compiling and the
+        remaining buckets run op by op in every call, each op a program of its own on a chip."""
+        return max(self.recompile_limit, 2 * self.forward_graphs() + 8)
 
     def plan(self, batch_size: int, prompt_length: int, max_new_tokens: int, min_padding: int = 0) -> buckets.Plan:
         """The padded shapes of one call (see :func:`transformers_tpu_ext.generation.buckets.plan`)."""

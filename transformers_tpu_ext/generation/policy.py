@@ -404,6 +404,18 @@ def decode_path(facts: LoopFacts) -> DecodePath:
 
 
 #: Model kwargs that are plain flags, not per-step tensors.
+def callback_device(input_device: str | None) -> tuple[str, str]:
+    """Where a handled call's user callbacks (logits processors, stopping criteria,
+    ``prefix_allowed_tokens_fn``) get their tensors: ``"caller"`` (moved to the device of the call's
+    inputs, as upstream hands them: its loop keeps ``input_ids`` where the caller put them) or
+    ``"host"`` (they are there already). The plugin's loop keeps the growing tensors on the host; a
+    processor that holds a tensor made on ``model.device`` adds it to the scores, and a TPU refuses
+    an operation mixing a host and a device tensor."""
+    if input_device in (None, "cpu", "meta"):
+        return "host", "the call's inputs are on the host: upstream's callbacks get host tensors too"
+    return "caller", f"the call's inputs are on {input_device}: callbacks get {input_device} tensors, as upstream gives them"
+
+
 _PASSIVE_KWARGS = frozenset({"output_attentions", "output_hidden_states", "return_dict"})
 
 

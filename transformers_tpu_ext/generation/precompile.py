@@ -52,9 +52,7 @@ def warmup(
     # As the service's calls decode: the arguments given, else the model's generation config.
     sampling = bool(generate_kwargs.get("do_sample", model.generation_config.do_sample))
     rows = buckets.warmup_rows(batch_sizes, largest.batch, settings.batch_buckets, sampling=sampling)
-    top = min(largest.prompt, largest.chunk)
-    prompts = sorted({buckets.prompt_bucket(p, settings.prompt_ladder(), settings.prefill_chunk)
-                      for p in settings.prompt_ladder() if p <= top} | {top})
+    prompts = buckets.warmup_prompts(max_prompt_length, settings.prompt_ladder(), settings.prefill_chunk)
     token = _token(model)
     compiled = []
     with Progress(len(rows) * len(prompts), desc="warmup", unit="bucket") as progress:
@@ -73,7 +71,7 @@ def warmup(
                     max_cache_len=cache,
                     **{"do_sample": sampling, "eos_token_id": None, "cache_implementation": "static", **generate_kwargs},
                 )
-                compiled.append(buckets.Plan(batch, prompt, min(prompt, largest.chunk), cache))
+                compiled.append(buckets.Plan(batch, prompt, buckets.prefill_chunk(prompt, settings.prefill_chunk), cache))
                 progress.step(f"compiled batch {batch} x prompt {prompt} tokens (cache {cache})")
     return compiled
 

@@ -152,8 +152,12 @@ def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, length:
 
     Each layer gives the positions it wrote (padding included: its length tensor, read once).
     Sliding-window layers are rebuilt by the new cache's own ``update``, which keeps what upstream's
-    would keep.
+    would keep. The rebuilding runs on the host: each layer comes over whole (its bucket's shape) and
+    the new cache goes back to the layer's device, so the call's real lengths, which shape every
+    tensor of the new cache, compile no program on the TPU (a cut and a concatenation per layer on
+    the device would be new programs for every prompt length and ``max_new_tokens``).
     """
+    import torch
     from transformers.cache_utils import DynamicCache, StaticCache
 
     text_config = model.config.get_text_config(decoder=True)
@@ -161,13 +165,36 @@ def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, length:
         fresh = StaticCache(config=text_config, max_cache_len=length)
     else:
         fresh = DynamicCache(config=text_config)
+    device = None
+    cpu = torch.device("cpu")
     for index, layer in enumerate(cache.layers):
         # The int8 cache is handed back dequantized (what its attention read): a plain cache of the model's dtype.
         keys, values = layer.dequantized() if hasattr(layer, "dequantized") else (layer.keys, layer.values)
+        device = keys.device
         rows = padding.real_rows(keys.shape[0])
         written = int(layer.get_seq_length())
+        keys, values = keys.to(cpu), values.to(cpu)
         fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
+    if device is not None and device.type != "cpu":
+        for layer in fresh.layers:
+            _move_layer(layer, device)
     return fresh
+
+
+def _move_layer(layer: Any, device: Any) -> None:
+    """Move a cache layer built on the host to ``device``: its tensors (keys, values, lengths) and its
+    ``device``; a static layer's tensors keep their static address for TorchDynamo."""
+    import torch
+
+    static = getattr(layer, "is_compileable", False) and getattr(layer, "is_initialized", False)
+    for name, value in list(vars(layer).items()):
+        if isinstance(value, torch.Tensor):
+            moved = value.to(device)
+            if static:
+                torch._dynamo.mark_static_address(moved)
+            setattr(layer, name, moved)
+    if hasattr(layer, "device"):
+        layer.device = device
 
 
 def attention_heads(model: Any) -> tuple[int, int] | None:

@@ -18,10 +18,11 @@ the dummy entries last), so the real rows of a tensor with ``n`` rows are its fi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CriteriaView", "Padding", "ProcessorsView", "StreamerView"]
+__all__ = ["CriteriaView", "OnDevice", "Padding", "ProcessorsView", "StreamerView", "ids_on", "on_device"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,64 @@ class Padding:
 
     def rows(self, tensor: Any) -> Any:
         return tensor[: self.real_rows(tensor.shape[0])]
+
+
+def _to(value: Any, device: Any) -> Any:
+    """``value`` (a tensor, a tuple of them, anything else) on ``device``."""
+    if isinstance(value, tuple):
+        return tuple(_to(item, device) for item in value)
+    to = getattr(value, "to", None)
+    if to is None or not hasattr(value, "device") or value.device == device:
+        return value
+    return to(device)
+
+
+class OnDevice:
+    """A user's logits processor or stopping criterion, called with its tensors on ``device`` (the
+    call's input device, where upstream's loop hands them); what it returns goes back to the device
+    the loop gave (the host). See ``policy.callback_device``."""
+
+    def __init__(self, callback: Any, device: Any) -> None:
+        self.callback = callback
+        self.device = device
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        home = input_ids.device
+        return _to(self.callback(_to(input_ids, self.device), _to(scores, self.device), **kwargs), home)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.callback, name)
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device_class(kind: type) -> type:
+    """:class:`OnDevice` whose ``__call__`` shows the signature of ``kind``'s: upstream's
+    ``LogitsProcessorList`` reads it to decide which keyword arguments a processor takes."""
+
+    class Wrapper(OnDevice):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return OnDevice.__call__(self, input_ids, scores, **kwargs)
+
+    Wrapper.__call__.__wrapped__ = kind.__call__  # type: ignore[attr-defined]
+    Wrapper.__name__ = Wrapper.__qualname__ = f"OnDevice[{kind.__name__}]"
+    return Wrapper
+
+
+def on_device(callbacks: Any, user: frozenset[int], device: Any) -> Any:
+    """``callbacks`` (a ``LogitsProcessorList`` / ``StoppingCriteriaList``) with each of the user's own
+    (by identity: ``user``) wrapped in :class:`OnDevice`; the ones upstream built stay on the host."""
+    if not callbacks or not any(id(callback) in user for callback in callbacks):
+        return callbacks
+    return type(callbacks)(_on_device_class(type(c))(c, device) if id(c) in user else c for c in callbacks)
+
+
+def ids_on(function: Any, device: Any) -> Any:
+    """``prefix_allowed_tokens_fn`` called with its row of ids on ``device``, as upstream calls it."""
+
+    def prefix_allowed_tokens_fn(batch_id: int, input_ids: Any) -> Any:
+        return function(batch_id, _to(input_ids, device))
+
+    return prefix_allowed_tokens_fn
 
 
 class ProcessorsView:

@@ -41,7 +41,7 @@ def _valid_auto_compile_criteria_on_tpu(wrapped: Any, instance: Any, args: tuple
     can_compile = wrapped(**arguments)
     if can_compile:
         state = CURRENT.get()
-        _raise_recompile_limit((state.settings if state else settings_module.current()).recompile_limit)
+        _raise_recompile_limit((state.settings if state else settings_module.current()).dynamo_recompile_limit())
     return can_compile
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import policy
 from .call import CURRENT, CallState, bind, custom_masks, in_handled_call, report_failure
-from .views import CriteriaView, ProcessorsView
+from .views import CriteriaView, ProcessorsView, on_device
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -32,6 +32,7 @@ def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         report_failure("_sample", error)
         path = masks = policy.DecodePath(False, "fallback")
     logger.debug("transformers-tpu-ext: decoding loop on the %s (%s)", "device" if path.device else "host", path.reason)
+    _user_callbacks_on_device(state, arguments)
     padding = state.padding
     if padding:
         arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)
@@ -58,6 +59,14 @@ def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             model_kwargs=model_kwargs,
             mask=mask,
         )
+
+
+def _user_callbacks_on_device(state: CallState, arguments: dict) -> None:
+    """The user's own processors and criteria get tensors on the call's input device (``views.on_device``)."""
+    if state.callback_device is None:
+        return
+    for name in ("logits_processor", "stopping_criteria"):
+        arguments[name] = on_device(arguments[name], state.user_callbacks, state.callback_device)
 
 
 def _loop_facts(model: Any, state: CallState, arguments: dict) -> policy.LoopFacts:
@@ -122,6 +131,7 @@ def beam_search(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = CURRENT.get()
     padding = state.padding
     arguments = bind("_beam_search", args, kwargs)
+    _user_callbacks_on_device(state, arguments)
     if padding:
         arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
         arguments["stopping_criteria"] = CriteriaView(arguments["stopping_criteria"], padding)

@@ -21,7 +21,7 @@ from ..wrapping import warn_once
 from . import config as settings_module
 from . import policy, static_cache
 from .call import CURRENT, UPSTREAM, CallState, bind, model_kind, report_failure
-from .views import Padding, StreamerView
+from .views import Padding, StreamerView, ids_on
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -161,6 +161,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             call[name] = value.to(cpu)
 
     state = CallState(settings=settings, plan=plan)
+    _callbacks_on_caller_device(call, state, out_device)
     user_config = call.get("generation_config")
 
     def set_option(name: str, value: Any) -> None:
@@ -214,6 +215,24 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             set_option("prefill_chunk_size", shapes.chunk)
             state.forced_chunk = True
     return call, state, out_device
+
+
+def _callbacks_on_caller_device(call: dict, state: CallState, device: Any) -> None:
+    """The user's callbacks get their tensors where upstream hands them (``policy.callback_device``):
+    their processors and criteria are remembered (wrapped in the decoding loop, once upstream merged them
+    with its own), ``prefix_allowed_tokens_fn`` is wrapped here."""
+    where, why = policy.callback_device(getattr(device, "type", None))
+    if where != "caller":
+        return
+    user = [*(call.get("logits_processor") or ()), *(call.get("stopping_criteria") or ())]
+    function = call.get("prefix_allowed_tokens_fn")
+    if not user and function is None:
+        return
+    logger.debug("transformers-tpu-ext: callbacks: %s", why)
+    state.callback_device = device
+    state.user_callbacks = frozenset(id(callback) for callback in user)
+    if function is not None:
+        call["prefix_allowed_tokens_fn"] = ids_on(function, device)
 
 
 _GENERATE_PARAMETERS = {

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .instance import SimulatedTPU
 
 __all__ = [
-    "Counters", "SimulatedTPU", "install", "install_from_env", "is_installed", "no_new_programs", "simulated_tpu",
+    "Counters", "SimulatedTPU", "install", "install_from_env", "is_installed", "cache_only", "no_new_programs", "simulated_tpu",
 ]
 
 
@@ -69,4 +69,8 @@ def __getattr__(name: str) -> Any:
         from .programs import no_new_programs
 
         return no_new_programs
+    if name == "cache_only":  # also the pytest fixture of the same name
+        from .programs import cache_only
+
+        return cache_only
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -351,6 +351,9 @@ _get_mode = torch._C._get_dispatch_mode
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _RESTRIDE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 _PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype, torch.layout, torch.memory_format})
+#: Python scalars an eager program is keyed by (torch_tpu: "a compiled program is keyed by shapes, dtypes and
+#: Python scalar values"): ``t + 1`` and ``t + 2`` are two programs.
+_SCALARS = frozenset({int, float, bool})
 
 
 def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -378,11 +381,17 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                 sig.append(inner.dtype)
             new_args.append(inner)
         elif cls in _PLAIN:
+            if sig is not None and cls in _SCALARS:
+                sig.append(a)  # torch_tpu keys a program by its Python scalars too
             new_args.append(a)
         else:
+            if sig is not None and cls in (list, tuple) and all(x.__class__ in _SCALARS for x in a):
+                sig.append(tuple(a))  # sizes, dims, repeats: a new value is a new program
             new_args.append(_unwrap(a, func, info, sig, back))
     if kwargs:
         kwargs = {k: (v if v.__class__ in _PLAIN else _unwrap(v, func, info, sig, back)) for k, v in kwargs.items()}
+        if sig is not None:
+            sig.extend((k, v) for k, v in kwargs.items() if v.__class__ in _SCALARS or v.__class__ in (list, tuple))
     if info.generator and kwargs.get("generator") is None and not tracing:
         kwargs = dict(kwargs)
         kwargs["generator"] = STATE.generator

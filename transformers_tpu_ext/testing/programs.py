@@ -1,4 +1,9 @@
-"""``no_new_programs()``: fail a test when a block makes the TPU compile in steady state.
+"""``no_new_programs()`` and ``cache_only()``: fail a test when a block makes the TPU compile in steady state.
+
+``cache_only()`` is the stricter proof (a warm-up is done when the same work then runs in it): the block
+runs in torch_tpu's cache-only mode (``torch.tpu._set_cache_only(True)``), so the first program the
+process does not hold, a graph or an eager operation, raises at once, before a chip would spend time
+compiling it.
 
 Counts what the TPU backend counts: ``torch.tpu._get_cache_misses()``, the programs the process did
 not hold yet (compiled, or loaded from the persistent compile cache), on torch_tpu 0.2.0 and on the
@@ -13,7 +18,7 @@ import contextlib
 import sys
 from typing import Any, Iterator
 
-__all__ = ["NewProgramsError", "no_new_programs"]
+__all__ = ["NewProgramsError", "cache_only", "no_new_programs"]
 
 #: How many programs a failure lists.
 SHOWN = 5
@@ -70,3 +75,31 @@ def no_new_programs(what: str = "the block") -> Iterator[None]:
             lines.append(f"  - ... {len(added) - SHOWN} more")
         detail = ":\n" + "\n".join(lines) if lines else ""
     raise NewProgramsError(f"{what} needed {new} new TPU program{'s' if new != 1 else ''} in steady state{detail}")
+
+
+@contextlib.contextmanager
+def cache_only(what: str = "the block") -> Iterator[None]:
+    """Run the block in torch_tpu's cache-only mode: the first program it needs that the process
+    does not hold (a graph, or an eager operation of a new signature) raises
+    :class:`NewProgramsError` naming it::
+
+        warmup(model, max_prompt_length=128, max_new_tokens=32)
+        with cache_only("calls within the warmed-up buckets"):
+            model.generate(**inputs, max_new_tokens=16)
+
+    The mode is process-wide while the block runs (shared with the recompile guard's ``error`` mode).
+    """
+    from ..compilation import recompile
+
+    _backend()
+    if not recompile.set_cache_only(True):
+        raise RuntimeError("cache_only(): the TPU backend here has no cache-only mode (torch.tpu._set_cache_only)")
+    try:
+        yield
+    except Exception as error:
+        key = recompile.cache_only_key(error)
+        if key is None:
+            raise
+        raise NewProgramsError(f"{what} needed a new TPU program in cache-only mode: {key}") from error
+    finally:
+        recompile.set_cache_only(False)

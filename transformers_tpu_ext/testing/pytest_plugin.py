@@ -1,4 +1,4 @@
-"""pytest plugin (``pytest11`` entry point): the ``simulated_tpu`` and ``no_new_programs`` fixtures.
+"""pytest plugin (``pytest11`` entry point): the ``simulated_tpu``, ``no_new_programs`` and ``cache_only`` fixtures.
 
 Importing this module installs nothing and does not import torch; the simulated TPU is installed
 the first time a test asks for the fixture.
@@ -66,5 +66,20 @@ def no_new_programs() -> Any:
                 serve_some_requests(model)
     """
     from .programs import no_new_programs as context
+
+    return context
+
+
+@pytest.fixture
+def cache_only() -> Any:
+    """``testing.cache_only``: a context manager running its block in torch_tpu's cache-only mode,
+    failing the test at the first program the process does not hold (graphs and eager operations)::
+
+        def test_service_is_warm(simulated_tpu, cache_only):
+            warmup(model, max_prompt_length=64, max_new_tokens=16)
+            with cache_only("requests within the warmed-up buckets"):
+                serve_some_requests(model)
+    """
+    from .programs import cache_only as context
 
     return context
