@@ -152,12 +152,22 @@ def known_loss(trainer: Any) -> Any:
     )
 
 
+def _known_trainers() -> Any:
+    from . import losses
+
+    return losses.KNOWN_LOSSES
+
+
 def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.SourceFacts:
     """The :class:`~transformers_tpu_ext.training.buckets.SourceFacts` of a Trainer data loader."""
     args = trainer.args
     upstream = _defined_by(trainer, "compute_loss") in _UPSTREAM_COMPUTE_LOSS
     library = None if upstream else known_loss(trainer)
     known = library is not None and not isinstance(library, str)
+    if isinstance(library, str) and _defined_by(trainer, "compute_loss") in _known_trainers():
+        from .collator import _tell
+
+        _tell(f"batches left as the collator made them: {library}")
     return batch_buckets.SourceFacts(
         training=training,
         packed=packs(collate),
