@@ -165,9 +165,9 @@ def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.So
     library = None if upstream else known_loss(trainer)
     known = library is not None and not isinstance(library, str)
     if isinstance(library, str) and _defined_by(trainer, "compute_loss") in _known_trainers():
-        from .collator import _tell
+        from ..wrapping import warn_once
 
-        _tell(f"batches left as the collator made them: {library}")
+        warn_once(f"batches left as the collator made them: {library}")
     return batch_buckets.SourceFacts(
         training=training,
         packed=packs(collate),
