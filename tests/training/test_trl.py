@@ -40,6 +40,30 @@ def test_anything_else_stays_a_loss_of_your_own(defined_by, version, options, fu
 
 
 torch = pytest.importorskip("torch")
+
+
+def test_a_packed_row_s_padding_joins_its_last_sequence():
+    from transformers_tpu_ext.training import buckets
+    from transformers_tpu_ext.training.collator import BucketCollator, original_of
+
+    # TRL's padding-free row (also DataCollatorWithFlattening(return_seq_idx=True, return_flash_attn_kwargs=True)):
+    # three sequences of 4, 6 and 3 tokens
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1, 2]])
+    bounds = torch.tensor([0, 4, 10, 13], dtype=torch.int32)
+    row = {
+        "input_ids": torch.arange(5, 18)[None], "labels": torch.arange(5, 18)[None], "position_ids": positions,
+        "seq_idx": torch.tensor([[0] * 4 + [1] * 6 + [2] * 3], dtype=torch.int32),
+        "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": 6, "max_length_k": 6,
+    }
+    padded = BucketCollator(lambda f: row, batch_size=4, pad_token_id=0, model=buckets.ModelFacts())(None)
+    assert original_of(padded) is not None and padded["input_ids"].shape == (1, 16)
+    assert padded["seq_idx"].tolist() == [[0] * 4 + [1] * 6 + [2] * 6]
+    assert padded["position_ids"][0, 13:].tolist() == [0, 0, 0] and padded["labels"][0, 13:].tolist() == [-100] * 3
+    assert padded["cu_seq_lens_q"].tolist() == padded["cu_seq_lens_k"].tolist() == [0, 4, 10, 16]
+    assert (padded["max_length_q"], padded["max_length_k"]) == (6, 6)
+    assert bounds.tolist() == [0, 4, 10, 13]  # the collator's own tensors are not written to
+
+
 pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
