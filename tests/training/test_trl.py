@@ -212,3 +212,22 @@ def test_dpo_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, lora):
         got = [e[key] for e in tpu.state.log_history if key in e]
         want = [e[key] for e in cpu.state.log_history if key in e]
         assert got and _training.max_diff(got, want) < TOLERANCE
+
+
+@pytest.mark.slow  # most of it is importing TRL's trainers
+def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path, caplog):
+    from transformers_tpu_ext import wrapping
+    from transformers_tpu_ext.training.facts import source_facts
+
+    def sft(**extra):
+        _training.reset_accelerate()
+        config = trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, max_length=64, **COMMON)
+        return trl.SFTTrainer(model=tiny_model("qwen3", seed=0), args=config, train_dataset=_sft_data(False),
+                              processing_class=tiny_tokenizer(), **extra)
+
+    known = source_facts(sft(), None, True)
+    assert not known.custom_loss and known.keeps_rows
+    wrapping._warned.discard("batches left as the collator made them: TRL's SFT loss with a compute_loss_func of your own: whether it ignores padding is unknown")
+    own = source_facts(sft(compute_loss_func=lambda outputs, labels, num_items_in_batch=None: outputs.logits.sum()), None, True)
+    assert own.custom_loss and not own.keeps_rows
+    assert any("compute_loss_func of your own" in r.getMessage() for r in caplog.records)
