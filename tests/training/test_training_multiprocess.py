@@ -169,7 +169,7 @@ def two_chips(tmp_path_factory) -> tuple[Path, list[dict]]:
         2,
         [
             {"name": "ddp", "settings": {"per_device_train_batch_size": per_device}},
-            *([{"name": "fsdp2", "settings": {"per_device_train_batch_size": per_device, "max_steps": 6, **_fsdp(2)}}]
+            *([{"name": "fsdp2", "settings": {"per_device_train_batch_size": per_device, "max_steps": 6, **FSDP2_SAVE, **_fsdp(2)}}]
               if FSDP2 else []),
             {"name": "fsdp1", "settings": {"per_device_train_batch_size": per_device, **_fsdp(1)}, "expect_error": True},
             {"name": "save", "settings": {"per_device_train_batch_size": per_device, **SAVE}},
@@ -180,10 +180,18 @@ def two_chips(tmp_path_factory) -> tuple[Path, list[dict]]:
     )
 
 
+#: The two-chip FSDP2 run saves at step 3 and 6; the four-chip run resumes it from step 3.
+FSDP2_SAVE = dict(save_strategy="steps", save_steps=3)
+
+
 @pytest.fixture(scope="module")
-def four_chips(tmp_path_factory) -> list[dict]:
+def four_chips(tmp_path_factory, two_chips) -> list[dict]:
     root = tmp_path_factory.mktemp("four")
-    return _launch(root, 4, [{"name": "ddp", "settings": {"per_device_train_batch_size": GLOBAL_BATCH // 4}}, *EVALUATION])
+    resume = [
+        {"name": "fsdp2_resume", "resume": str(two_chips[0] / "fsdp2" / "checkpoint-3"),
+         "settings": {"per_device_train_batch_size": GLOBAL_BATCH // 4, "max_steps": 6, "save_strategy": "no", **_fsdp(2)}}
+    ] if FSDP2 else []
+    return _launch(root, 4, [{"name": "ddp", "settings": {"per_device_train_batch_size": GLOBAL_BATCH // 4}}, *EVALUATION, *resume])
 
 
 def test_two_chips_ddp_fsdp2_and_symmetric_saving(two_chips, one_process):
@@ -210,6 +218,36 @@ def test_two_chips_ddp_fsdp2_and_symmetric_saving(two_chips, one_process):
 
 def test_four_chips_ddp(four_chips, one_process):
     _check_ddp([r["ddp"] for r in four_chips], one_process["ddp"])
+
+
+@pytest.mark.skipif(not FSDP2, reason="FSDP2 needs Accelerate >= 1.6")
+def test_fsdp2_checkpoints_are_plain_safetensors_and_resume_on_four_chips(two_chips, four_chips):
+    """An FSDP2 checkpoint of two chips holds the full model as plain Hugging Face safetensors
+    (loadable on the CPU by Transformers alone, equal to the trained parameters), and a run on
+    four chips resumes it, continuing the two-chip run's losses."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    root, ranks = two_chips
+    trained = _ok(ranks[0]["fsdp2"])
+    checkpoint = root / "fsdp2" / "checkpoint-6"
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as weights:  # full tensors, no DTensor shards
+        shapes = {k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()}
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu")
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items() if k in shapes} == shapes
+    assert model.device.type == "cpu" and _worker().parameter_digest(model) == trained["digest"]
+
+    resumed = [_ok(r["fsdp2_resume"]) for r in four_chips]
+    assert all(r["world"] == 4 and r["wrapper"].startswith("FSDP") for r in resumed)
+    assert len({r["digest"] for r in resumed}) == 1
+    # steps 4..6 (the log history holds steps 1..3 from the checkpoint)
+    assert _training.max_diff(resumed[0]["losses"][3:], trained["losses"][3:]) < TOLERANCE
+
+
+def _worker():
+    import importlib
+
+    return importlib.import_module("training_worker")
 
 
 def test_gather_for_metrics_of_2d_and_3d_tensors_on_two_chips(two_chips):

@@ -129,10 +129,15 @@ def test_packed_sequences_get_position_ids_no_mask_and_no_rows():
     packed = {"input_ids": (1, 150), "labels": (1, 150), "position_ids": (1, 150)}
     plan = _plan(packed, source=SourceFacts(packed=True))
     assert plan.lengths == {"input_ids": 192, "labels": 192, "position_ids": 192} and plan.rows == 1 and not plan.add_mask
-    # detected from position ids without a mask too; other keys (seq_idx, flash-attention lengths) are unknown
+    # detected from position ids without a mask too; the sequence index and the flash-attention
+    # boundaries (DataCollatorWithFlattening(return_seq_idx=True), TRL's padding-free rows) are padded
+    # as the last sequence's; any other key is unknown
     assert _plan(packed).rows == 1
-    assert "seq_idx" in _plan({**packed, "seq_idx": (1, 150)}, source=SourceFacts(packed=True))
-    assert "cu_seq_lens_q" in _plan({**packed, "cu_seq_lens_q": (5,)}, source=SourceFacts(packed=True))
+    flat = {**packed, "seq_idx": (1, 150), "cu_seq_lens_q": (5,), "cu_seq_lens_k": (5,), "max_length_q": None}
+    plan = _plan(flat, source=SourceFacts(packed=True))
+    assert plan.lengths == {"input_ids": 192, "labels": 192, "position_ids": 192, "seq_idx": 192}
+    assert batch_buckets.SEQUENCE_PADDING["seq_idx"] == batch_buckets.LAST_VALUE
+    assert "my_ids" in _plan({**packed, "my_ids": (1, 150)}, source=SourceFacts(packed=True))
     assert "not causal" in _plan(packed, ModelFacts(causal=False), SourceFacts(packed=True))
 
 
@@ -275,3 +280,17 @@ def test_adam_and_adamw_are_adapted_during_the_step(kind):
 def test_every_other_optimizer_steps_as_made(kind, group, kwargs, words):
     plan = training_policy.optimizer_plan(kind, group, **kwargs)
     assert plan.action == "leave" and words in plan.reason and not plan.tensor_lr and not plan.settings
+
+
+def test_a_trainer_that_reads_every_row_gets_no_rows():
+    # TRL's DPO pairs the halves of the rows; SFT counts the mask's tokens: lengths padded, rows kept
+    dpo = {"input_ids": (6, 70), "attention_mask": (6, 70), "completion_mask": (6, 70)}
+    plan = _plan(dpo, source=SourceFacts(keeps_rows=True))
+    assert plan.rows == 6 and plan.lengths["completion_mask"] == 96
+    assert batch_buckets.SEQUENCE_PADDING["completion_mask"] == 0
+    assert _plan(_lm_shapes(3, 20), source=SourceFacts(keeps_rows=True)).rows == 3
+    assert _plan(_lm_shapes(3, 20)).rows == 4
+
+
+def _lm_shapes(rows, length):
+    return {"input_ids": (rows, length), "attention_mask": (rows, length), "labels": (rows, length)}

@@ -59,7 +59,7 @@ def train(scenario: dict, out: Path) -> dict:
         from transformers_tpu_ext.training import warmup
 
         warmup(run, max_length=scenario["warmup"])
-    run.train()
+    run.train(resume_from_checkpoint=scenario.get("resume"))
     return {
         "world": run.args.world_size,
         "process_index": run.args.process_index,

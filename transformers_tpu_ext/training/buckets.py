@@ -58,6 +58,9 @@ __all__ = [
 IGNORE_INDEX = -100
 #: Stands for the tokenizer's (or model's) pad token id in :data:`SEQUENCE_PADDING`.
 PAD_TOKEN = "pad_token_id"
+#: Stands for "the row's last value" in :data:`SEQUENCE_PADDING` (a packed row's sequence index:
+#: the padding joins the row's last sequence, after every real token).
+LAST_VALUE = "last"
 
 #: Per-token keys and the value their padding takes.
 SEQUENCE_PADDING: dict[str, int | str] = {
@@ -69,6 +72,9 @@ SEQUENCE_PADDING: dict[str, int | str] = {
     "special_tokens_mask": 1,
     "decoder_input_ids": PAD_TOKEN,
     "decoder_attention_mask": 0,
+    "completion_mask": 0,  # TRL: 1 on the tokens the loss counts
+    "assistant_masks": 0,  # TRL (assistant_only_loss): 1 on the assistant's tokens
+    "seq_idx": LAST_VALUE,  # packed rows (DataCollatorWithFlattening(return_seq_idx=True), TRL's padding-free)
 }
 
 _MINIMUM = 16
@@ -99,8 +105,10 @@ def choose_length(length: int, ladder: Sequence[int], used: Collection[int], reu
 ENCODER_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "special_tokens_mask")
 #: Keys of the decoder side of an encoder-decoder model (``labels`` belong to it there).
 DECODER_KEYS: tuple[str, ...] = ("decoder_input_ids", "decoder_attention_mask")
-#: Keys a packed batch (``DataCollatorWithFlattening``) may hold for it to be padded.
-PACKED_KEYS: tuple[str, ...] = ("input_ids", "labels", "position_ids")
+#: Keys a packed batch (``DataCollatorWithFlattening``, TRL's padding-free collator) may hold for it
+#: to be padded. The sequence boundaries (``cu_seq_lens_q`` / ``cu_seq_lens_k``, and the
+#: ``max_length_q`` / ``max_length_k`` numbers) keep their shape: the padding joins the last sequence.
+PACKED_KEYS: tuple[str, ...] = ("input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,9 @@ class SourceFacts:
       whether it ignores padding is unknown;
     - ``cuts_outputs``: evaluation outputs are cut back to the collator's lengths (the Trainer's own
       ``prediction_step``);
-    - ``returns_inputs``: the inputs themselves go to the metrics (``include_for_metrics=["inputs"]``).
+    - ``returns_inputs``: the inputs themselves go to the metrics (``include_for_metrics=["inputs"]``);
+    - ``keeps_rows``: the loss or its logged metrics read every row of the batch (TRL's trainers: DPO
+      pairs the first and second halves of the rows, SFT counts the attention mask's tokens): no rows added.
 
     The defaults describe a user's own training loop.
     """
@@ -163,6 +173,7 @@ class SourceFacts:
     custom_loss: bool = False
     cuts_outputs: bool = False
     returns_inputs: bool = False
+    keeps_rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,6 +320,7 @@ def plan_batch(
         source.training
         and pad_rows
         and not packed
+        and not source.keeps_rows
         and not model.aux_loss
         and batch_size is not None
         and batch_size > rows

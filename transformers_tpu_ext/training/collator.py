@@ -218,8 +218,12 @@ def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id
         extra = length - tensor.shape[1]
         if extra > 0:
             fill = batch_buckets.SEQUENCE_PADDING[key]
+            if fill == batch_buckets.LAST_VALUE:
+                values[key] = torch.cat([tensor, tensor[:, -1:].expand(-1, extra, *tensor.shape[2:])], dim=1)
+                continue
             value = pad_token_id if fill == batch_buckets.PAD_TOKEN else fill
             values[key] = F.pad(tensor, (0, 0) * (tensor.dim() - 2) + (0, extra), value=value)
+    _extend_last_sequence(values, plan.lengths.get("input_ids"))
     rows = values[first].shape[0]
     if plan.rows > rows:
         missing = plan.rows - rows
@@ -229,6 +233,21 @@ def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id
                 filler = torch.full_like(filler, batch_buckets.IGNORE_INDEX)
             values[key] = torch.cat([tensor, filler])
     return PaddedBatch(values, original)
+
+
+def _extend_last_sequence(values: dict[str, Any], length: int | None) -> None:
+    """A packed row's sequence boundaries (``cu_seq_lens_*``, ``max_length_*``) with the padding in
+    its last sequence: the same shapes, and a causal model's real tokens see what they saw."""
+    for side in ("q", "k"):
+        bounds = values.get(f"cu_seq_lens_{side}")
+        if bounds is None or length is None or bounds.dim() != 1 or bounds.numel() < 2 or int(bounds[-1]) >= length:
+            continue
+        bounds = bounds.clone()
+        bounds[-1] = length
+        values[f"cu_seq_lens_{side}"] = bounds
+        longest = values.get(f"max_length_{side}")
+        if isinstance(longest, int):
+            values[f"max_length_{side}"] = max(longest, int(bounds.diff().max()))
 
 
 def _trainer_collator(train_dataloader: Any) -> tuple[BucketCollator | None, Any]:

@@ -132,15 +132,48 @@ def packs(collate: Any) -> bool:
     return any(cls.__name__ == "DataCollatorWithFlattening" for cls in type(_inner_collator(collate)).__mro__)
 
 
+def known_loss(trainer: Any) -> Any:
+    """:func:`transformers_tpu_ext.training.losses.library_loss` of ``trainer`` (TRL's trainers), read off it."""
+    from . import losses
+
+    defined_by = _defined_by(trainer, "compute_loss")
+    if defined_by not in losses.KNOWN_LOSSES:
+        return losses.library_loss(defined_by, version=None)
+    try:
+        from importlib.metadata import version
+
+        found = version(defined_by.split(".", 1)[0])
+    except Exception:  # noqa: BLE001 - not installed as a distribution: unknown
+        found = None
+    args = trainer.args
+    options = {name: getattr(args, name, None) for name in ("loss_type", "use_liger_kernel", "use_weighting")}
+    return losses.library_loss(
+        defined_by, version=found, compute_loss_func=getattr(trainer, "compute_loss_func", None) is not None, options=options
+    )
+
+
+def _known_trainers() -> Any:
+    from . import losses
+
+    return losses.KNOWN_LOSSES
+
+
 def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.SourceFacts:
     """The :class:`~transformers_tpu_ext.training.buckets.SourceFacts` of a Trainer data loader."""
     args = trainer.args
+    upstream = _defined_by(trainer, "compute_loss") in _UPSTREAM_COMPUTE_LOSS
+    library = None if upstream else known_loss(trainer)
+    known = library is not None and not isinstance(library, str)
+    if isinstance(library, str) and _defined_by(trainer, "compute_loss") in _known_trainers():
+        from ..wrapping import warn_once
+
+        warn_once(f"batches left as the collator made them: {library}")
     return batch_buckets.SourceFacts(
         training=training,
         packed=packs(collate),
         generates=not training and bool(getattr(args, "predict_with_generate", False)),
-        custom_loss=_defined_by(trainer, "compute_loss") not in _UPSTREAM_COMPUTE_LOSS
-        or getattr(trainer, "compute_loss_func", None) is not None,
+        custom_loss=(not upstream and not known) or (upstream and getattr(trainer, "compute_loss_func", None) is not None),
         cuts_outputs=_defined_by(trainer, "prediction_step") in _UPSTREAM_PREDICTION_STEP,
         returns_inputs="inputs" in (getattr(args, "include_for_metrics", None) or ()),
+        keeps_rows=known,
     )

@@ -18,6 +18,10 @@ The wrappers follow what Accelerate does for its other accelerators (HPU, Neuron
   is the one ``torch.accelerator`` reports), not ``tpu:<local rank>``.
 - ``PartialState.wait_for_everyone``: the barrier names that device (upstream passes the local
   rank as a device id).
+- ``AcceleratorState.__init__``: fp16 mixed precision (``fp16=True``, ``mixed_precision="fp16"``,
+  ``ACCELERATE_MIXED_PRECISION=fp16``) on a TPU becomes bf16 with one warning naming ``bf16=True``
+  (:func:`training_policy.mixed_precision`), before upstream reads it: ``Accelerator`` would refuse it
+  ("fp16 mixed precision requires a device in (...)"), and an FSDP plugin gets bf16 too.
 
 Off TPU, each wrapper calls the original and nothing else.
 """
@@ -110,6 +114,43 @@ def _wait_for_everyone(wrapped: Callable[..., Any], instance: Any, args: tuple, 
     return None
 
 
+#: ``AcceleratorState.__init__``'s named parameters; the rest of its keywords go to ``PartialState``.
+_STATE_PARAMETERS = (
+    "mixed_precision", "cpu", "dynamo_plugin", "deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin",
+    "megatron_lm_plugin", "parallelism_config", "_from_accelerator",
+)
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def _accelerator_state_init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wrapper for ``AcceleratorState.__init__(mixed_precision=None, cpu=False, ..., **kwargs)``."""
+    named = dict(zip(_STATE_PARAMETERS, args))
+    requested = named.get("mixed_precision", kwargs.get("mixed_precision"))
+    if requested is None:
+        requested = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if str(requested).lower() != "fp16" or not backend.tpu_available():
+        return wrapped(*args, **kwargs)
+    state = sys.modules["accelerate.state"].PartialState
+    if state._shared_state == {}:  # what upstream's __init__ does first, done here to know the device
+        cpu = bool(named.get("cpu", kwargs.get("cpu", False))) or _flag("ACCELERATE_USE_CPU")
+        state(cpu, **{k: v for k, v in kwargs.items() if k not in _STATE_PARAMETERS})
+    deepspeed = named.get("deepspeed_plugin", kwargs.get("deepspeed_plugin")) is not None or _flag("ACCELERATE_USE_DEEPSPEED")
+    precision, note = training_policy.mixed_precision(
+        str(requested), on_tpu=backend.is_tpu(getattr(state(), "device", None)), deepspeed=deepspeed
+    )
+    if note is None:
+        return wrapped(*args, **kwargs)
+    warn_once(note)
+    if "mixed_precision" in named:
+        args = (precision, *args[1:])
+    else:
+        kwargs = {**kwargs, "mixed_precision": precision}
+    return wrapped(*args, **kwargs)
+
+
 def apply(module: Any) -> None:
     if _wraps:
         return
@@ -120,6 +161,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(module, "PartialState._prepare_backend", _prepare_backend)
     _wraps.wrap(module, "PartialState.set_device", fail_safe(_set_device))
     _wraps.wrap(module, "PartialState.wait_for_everyone", fail_safe(_wait_for_everyone))
+    _wraps.wrap(module, "AcceleratorState.__init__", fail_safe(_accelerator_state_init))
 
 
 def revert() -> None:

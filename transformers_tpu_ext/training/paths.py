@@ -123,6 +123,20 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         source=SourceFacts(custom_loss=True),
     ),
     BatchCase(
+        "TRL `SFTTrainer` (also `completion_only_loss`, `assistant_only_loss`)", "3 × 70 tokens", _lm(3, 70),
+        source=SourceFacts(keeps_rows=True),
+    ),
+    BatchCase(
+        "TRL `SFTTrainer(packing=True)` (padding-free rows)", "1 row of 150 tokens, `position_ids`, `seq_idx`, `cu_seq_lens_*`",
+        {"input_ids": (1, 150), "labels": (1, 150), "position_ids": (1, 150), "seq_idx": (1, 150),
+         "cu_seq_lens_q": (5,), "cu_seq_lens_k": (5,), "max_length_q": None, "max_length_k": None},
+        source=SourceFacts(keeps_rows=True),
+    ),
+    BatchCase(
+        "TRL `DPOTrainer`", "3 pairs: 6 × 70 tokens, `completion_mask`",
+        {"input_ids": (6, 70), "attention_mask": (6, 70), "completion_mask": (6, 70)}, source=SourceFacts(keeps_rows=True),
+    ),
+    BatchCase(
         "a plain `nn.Module`", "feature vectors `(4, 10)` named `input_ids`",
         {"input_ids": (4, 10), "labels": (4,)}, model=ModelFacts(known=False),
     ),
@@ -150,10 +164,16 @@ def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
         reasons.append("the mask is 0 on the padding")
     elif model.causal:
         reasons.append("causal: no real token sees the padding")
+    if "cu_seq_lens_q" in case.shapes:
+        reasons.append("`seq_idx` and `cu_seq_lens_*` count the padding in the last sequence, after every real token")
+    elif "seq_idx" in plan.lengths:
+        reasons.append("`seq_idx` counts the padding in the last sequence, after every real token")
     if "labels" in plan.lengths:
         reasons.append("labels -100, which its loss ignores")
     elif "labels" in case.shapes:
         reasons.append("labels per example, not padded")
+    if "completion_mask" in plan.lengths:
+        reasons.append("`completion_mask` 0, which its loss ignores")
     if len(plan.sides) == 2:
         reasons.append("each side in its own bucket")
     capped = [p for p, _ in plan.sides if p in (model.max_positions, model.max_decoder_positions) and p not in _LADDER]
@@ -161,6 +181,8 @@ def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
         reasons.append(f"capped at the model's {capped[0]} positions")
     if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
         reasons.append("added rows have labels -100")
+    elif source.keeps_rows and source.training:
+        reasons.append("no rows added: the trainer reads every row (DPO pairs its halves, SFT counts the mask's tokens)")
     elif model.aux_loss and source.training:
         reasons.append("no rows added: its auxiliary loss counts every token the mask lets through")
     if not source.training:

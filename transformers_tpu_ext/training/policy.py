@@ -14,6 +14,8 @@ into Accelerate and Transformers. See ``docs/training.md``.
   of Adam/AdamW (and only of those: the implementations proven exact at every learning rate), the
   learning rate and the step count are device tensors (:func:`optimizer_plan`); every other
   optimizer runs as the user made it.
+- **Mixed precision.** ``fp16=True`` / ``mixed_precision="fp16"`` trains in bf16 on TPU, with one
+  warning naming ``bf16=True`` (:func:`mixed_precision`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "PROCESS_GROUP_BACKENDS",
     "UnsupportedBackend",
     "adapt_compile",
+    "mixed_precision",
     "ADAPT",
     "EXACT_OPTIMIZERS",
     "LEAVE",
@@ -211,3 +214,25 @@ def optimizer_plan(kind: str, group: Mapping[str, Any], *, sharded: bool = False
         settings={"foreach": True, "capturable": True},
         compile_step=True,
     )
+
+
+#: The warning of :func:`mixed_precision` (one line, naming what to write instead).
+FP16_NOTE = (
+    "fp16 mixed precision (fp16=True / mixed_precision='fp16') trains in bf16 on TPU: a TPU computes in bf16 "
+    "and has no fp16 loss scaling (GradScaler), and bf16 keeps fp32's range so it needs none; "
+    "pass bf16=True (mixed_precision='bf16') to say so and silence this warning"
+)
+
+
+def mixed_precision(requested: str | None, *, on_tpu: bool, deepspeed: bool = False) -> tuple[str | None, str | None]:
+    """The mixed precision to train with, given the one Accelerate resolved (argument or
+    ``ACCELERATE_MIXED_PRECISION``), and the warning when it differs.
+
+    On TPU, ``"fp16"`` becomes ``"bf16"``: upstream refuses fp16 on any device it does not list
+    ("fp16 mixed precision requires a device in (...)"), torch_tpu has no GradScaler kernels, and a
+    GPU script's ``fp16=True`` asks for 16-bit mixed precision, which on a TPU is bf16. Everything
+    else (``"no"``, ``"bf16"``, ``"fp8"``, DeepSpeed's own config, any other device) is left as requested.
+    """
+    if on_tpu and not deepspeed and isinstance(requested, str) and requested.lower() == "fp16":
+        return "bf16", FP16_NOTE
+    return requested, None

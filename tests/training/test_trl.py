@@ -1,0 +1,233 @@
+"""TRL's trainers on TPU: their losses are known to the batch predicate (``training/losses.py``), so
+SFT (plain, completion-only, packed) and DPO batches are padded to buckets: the second epoch compiles
+nothing (cache-only mode), and the losses equal the CPU's, with and without a PEFT LoRA adapter."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformers_tpu_ext.training import losses
+from transformers_tpu_ext.training.losses import library_loss
+
+SFT = "trl.trainer.sft_trainer.SFTTrainer"
+DPO = "trl.trainer.dpo_trainer.DPOTrainer"
+
+
+def test_the_losses_of_trl_that_were_read_are_known():
+    assert library_loss(SFT, version="1.16.0", options={"loss_type": "nll"}) is losses.KNOWN_LOSSES[SFT]
+    assert library_loss(SFT, version="1.17.0.dev0", options={"loss_type": "dft"}) is losses.KNOWN_LOSSES[SFT]
+    assert library_loss(DPO, version="1.16.0", options={"loss_type": ["sigmoid"]}) is losses.KNOWN_LOSSES[DPO]
+    assert library_loss(DPO, version="1.16.0", options={"loss_type": ["sigmoid", "sft"]}) is losses.KNOWN_LOSSES[DPO]
+
+
+@pytest.mark.parametrize(
+    "defined_by, version, options, func, words",
+    [
+        ("my.Trainer", "1.16.0", {}, False, "a loss of your own"),
+        (SFT, "0.19.1", {"loss_type": "nll"}, False, "only TRL >= 1.16, < 2.0"),
+        (SFT, "2.0.0", {"loss_type": "nll"}, False, "only TRL >= 1.16"),
+        (SFT, None, {"loss_type": "nll"}, False, "only TRL"),
+        (SFT, "1.16.0", {"loss_type": "nll"}, True, "compute_loss_func"),
+        (SFT, "1.16.0", {"loss_type": "nll", "use_liger_kernel": True}, False, "Liger"),
+        (SFT, "1.16.0", {"loss_type": "chunked"}, False, "loss_type='chunked'"),
+        (DPO, "1.16.0", {"loss_type": ["sigmoid", "bco_pair"]}, False, "bco_pair"),
+        (DPO, "1.16.0", {"loss_type": ["sigmoid"], "use_weighting": True}, False, "use_weighting"),
+    ],
+)
+def test_anything_else_stays_a_loss_of_your_own(defined_by, version, options, func, words):
+    reason = library_loss(defined_by, version=version, compute_loss_func=func, options=options)
+    assert isinstance(reason, str) and words in reason, reason
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_a_packed_row_s_padding_joins_its_last_sequence():
+    from transformers_tpu_ext.training import buckets
+    from transformers_tpu_ext.training.collator import BucketCollator, original_of
+
+    # TRL's padding-free row (also DataCollatorWithFlattening(return_seq_idx=True, return_flash_attn_kwargs=True)):
+    # three sequences of 4, 6 and 3 tokens
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1, 2]])
+    bounds = torch.tensor([0, 4, 10, 13], dtype=torch.int32)
+    row = {
+        "input_ids": torch.arange(5, 18)[None], "labels": torch.arange(5, 18)[None], "position_ids": positions,
+        "seq_idx": torch.tensor([[0] * 4 + [1] * 6 + [2] * 3], dtype=torch.int32),
+        "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": 6, "max_length_k": 6,
+    }
+    padded = BucketCollator(lambda f: row, batch_size=4, pad_token_id=0, model=buckets.ModelFacts())(None)
+    assert original_of(padded) is not None and padded["input_ids"].shape == (1, 16)
+    assert padded["seq_idx"].tolist() == [[0] * 4 + [1] * 6 + [2] * 6]
+    assert padded["position_ids"][0, 13:].tolist() == [0, 0, 0] and padded["labels"][0, 13:].tolist() == [-100] * 3
+    assert padded["cu_seq_lens_q"].tolist() == padded["cu_seq_lens_k"].tolist() == [0, 4, 10, 16]
+    assert (padded["max_length_q"], padded["max_length_k"]) == (6, 6)
+    assert bounds.tolist() == [0, 4, 10, 13]  # the collator's own tensors are not written to
+
+
+pytest.importorskip("transformers")
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+import _training  # noqa: E402
+
+from transformers_tpu_ext.testing.tiny import TINY_TEXT, tiny_lm_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+
+TOLERANCE = 1e-3
+COMMON = dict(
+    per_device_train_batch_size=4, num_train_epochs=2, logging_steps=1, report_to=[], learning_rate=1e-3,
+    save_strategy="no", seed=0, disable_tqdm=True, bf16=False,  # TRL's configs default to bf16
+)
+
+
+def _steady_second_epoch(sim, cache_only=True):
+    """A callback: cache-only mode from the second epoch on (a new program raises), the programs
+    each step of that epoch compiled, and what they were (``new``: kind and key)."""
+    from transformers import TrainerCallback
+
+    class SecondEpoch(TrainerCallback):
+        steps: list = []
+        new: list = []
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            if state.epoch and state.epoch >= 1 and not args.use_cpu:
+                self._entries = len(torch.tpu._get_cache_stats()["entries"])
+                torch.tpu._set_cache_only(cache_only)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._before = sim.counters()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.epoch and state.epoch > 1:
+                after = sim.counters() - self._before
+                self.steps.append(after.graphs_compiled + after.eager_programs)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            torch.tpu._set_cache_only(False)
+            if not args.use_cpu:
+                self.new = [(e.get("kind"), str(e.get("key"))) for e in torch.tpu._get_cache_stats()["entries"][self._entries:]]
+
+    callback = SecondEpoch()
+    callback.steps, callback.new = [], []
+    return callback
+
+
+def _lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+def _sft_data(completion_only: bool):
+    ids = [row["input_ids"] for row in tiny_lm_dataset(16, seed=3, max_length=60)]
+    columns = {"input_ids": ids}
+    if completion_only:
+        columns["completion_mask"] = [[0] * (len(x) // 2) + [1] * (len(x) - len(x) // 2) for x in ids]
+    return datasets.Dataset.from_dict(columns)
+
+
+def _sft(tmp, sim, *, use_cpu, mode, lora):
+    _training.reset_accelerate()
+    tokenizer = tiny_tokenizer()
+    tokenizer.padding_side = "right"
+    config = trl.SFTConfig(
+        output_dir=str(tmp), use_cpu=use_cpu, packing=mode == "packed", max_length=128,
+        completion_only_loss=mode == "completion", **COMMON,
+    )
+    callback = _steady_second_epoch(sim)
+    trainer = trl.SFTTrainer(
+        model=tiny_model("qwen3", seed=0), args=config, train_dataset=_sft_data(mode == "completion"),
+        processing_class=tokenizer, callbacks=[callback], peft_config=_lora() if lora else None,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.train()
+    return trainer, callback.steps, batch
+
+
+def _pairs():
+    words = " ".join(TINY_TEXT).split()
+    rows = {"prompt": [], "chosen": [], "rejected": []}
+    for i in range(12):
+        rows["prompt"].append(" ".join(words[i * 3: i * 3 + 2 + i % 5]))
+        rows["chosen"].append(" " + " ".join(words[i * 5: i * 5 + 3 + i % 4]))
+        rows["rejected"].append(" " + " ".join(words[i * 7 + 1: i * 7 + 2 + i % 6]))
+    return datasets.Dataset.from_dict(rows)
+
+
+def _dpo(tmp, sim, *, use_cpu, lora):
+    _training.reset_accelerate()
+    tokenizer = tiny_tokenizer()
+    tokenizer.padding_side = "right"
+    config = trl.DPOConfig(output_dir=str(tmp), use_cpu=use_cpu, max_length=64, **COMMON)
+    callback = _steady_second_epoch(sim, cache_only=False)
+    trainer = trl.DPOTrainer(
+        model=tiny_model("qwen3", seed=0), ref_model=None if lora else tiny_model("qwen3", seed=0), args=config,
+        train_dataset=_pairs(), processing_class=tokenizer, callbacks=[callback], peft_config=_lora() if lora else None,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.train()
+    return trainer, callback, batch
+
+
+def _check(cpu, tpu, steps, batch):
+    from transformers_tpu_ext.training.collator import original_of
+
+    assert all(p.device.type == "tpu" for p in tpu.model.parameters())
+    assert original_of(batch) is not None, "the TRL batch was not padded to a bucket"
+    assert _training.max_diff(_training.losses(tpu), _training.losses(cpu)) < TOLERANCE
+    assert steps and sum(steps) == 0, steps  # the second epoch compiled nothing (and cache-only did not raise)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, lora", [("plain", False), ("completion", True), ("packed", False), ("packed", True)])
+def test_sft_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, mode, lora):
+    cpu, _, _ = _sft(tmp_path / "cpu", simulated_tpu, use_cpu=True, mode=mode, lora=lora)
+    tpu, steps, batch = _sft(tmp_path / "tpu", simulated_tpu, use_cpu=False, mode=mode, lora=lora)
+    _check(cpu, tpu, steps, batch)
+    if mode == "completion":  # the prompt half is not trained on
+        assert (batch["labels"][0, :4] == -100).all() and (batch["labels"][0] != -100).any()
+    if mode == "packed":
+        assert "position_ids" in batch and "attention_mask" not in batch
+        assert int(batch["cu_seq_lens_q"][-1]) == batch["input_ids"].shape[1]  # the padding is in the last sequence
+        assert batch["max_length_q"] >= int(batch["cu_seq_lens_q"].diff().max())
+    else:  # no rows added: TRL's num_tokens counts the mask's tokens, as on the CPU
+        assert [e["num_tokens"] for e in cpu.state.log_history if "loss" in e] == [
+            e["num_tokens"] for e in tpu.state.log_history if "loss" in e
+        ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True])
+def test_dpo_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, lora):
+    cpu, _, _ = _dpo(tmp_path / "cpu", simulated_tpu, use_cpu=True, lora=lora)
+    tpu, epoch, batch = _dpo(tmp_path / "tpu", simulated_tpu, use_cpu=False, lora=lora)
+    # TRL 1.16 logs logits/chosen and logits/rejected as x[completion_mask.bool()].sum(): a 1-D sum
+    # whose length is the batch's count of completion tokens, a tiny program per new count (see
+    # docs/training.md). Everything else (forward, backward, loss, optimizer) compiled nothing.
+    metric = [key for kind, key in epoch.new if "aten.sum" in key and "torch.Size([" in key and "," not in key.split("Size([")[1].split("])")[0]]
+    assert len(metric) == len(epoch.new), [key[:120] for _, key in epoch.new if key not in metric]
+    assert len(epoch.steps) == 3 and sum(epoch.steps) <= 2 * len(epoch.steps), epoch.steps
+    _check(cpu, tpu, [0], batch)
+    assert batch["input_ids"].shape[0] == 8  # 4 pairs, no rows added: the halves stay chosen / rejected
+    for key in ("rewards/chosen", "rewards/margins"):
+        got = [e[key] for e in tpu.state.log_history if key in e]
+        want = [e[key] for e in cpu.state.log_history if key in e]
+        assert got and _training.max_diff(got, want) < TOLERANCE
+
+
+@pytest.mark.slow  # most of it is importing TRL's trainers
+def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path, caplog):
+    from transformers_tpu_ext import wrapping
+    from transformers_tpu_ext.training.facts import source_facts
+
+    def sft(**extra):
+        _training.reset_accelerate()
+        config = trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, max_length=64, **COMMON)
+        return trl.SFTTrainer(model=tiny_model("qwen3", seed=0), args=config, train_dataset=_sft_data(False),
+                              processing_class=tiny_tokenizer(), **extra)
+
+    known = source_facts(sft(), None, True)
+    assert not known.custom_loss and known.keeps_rows
+    wrapping._warned.discard("batches left as the collator made them: TRL's SFT loss with a compute_loss_func of your own: whether it ignores padding is unknown")
+    own = source_facts(sft(compute_loss_func=lambda outputs, labels, num_items_in_batch=None: outputs.logits.sum()), None, True)
+    assert own.custom_loss and not own.keeps_rows
+    assert any("compute_loss_func of your own" in r.getMessage() for r in caplog.records)
