@@ -48,6 +48,10 @@ def dispatching_attention(original: str) -> Any:
     import sys
 
     def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if "tpu_kv_lens" in kwargs:  # the kernel path (serving.ragged)
+            from . import ragged
+
+            return ragged.attention(module, query, key, value, attention_mask, *args, **kwargs)
         if "tpu_positions" in kwargs:
             return paged_attention(module, query, key, value, attention_mask, *args, **kwargs)
         if original == "eager":  # the model file's own (soft-capping, dropout... as the model has them)
@@ -110,15 +114,24 @@ def paged_cache_class() -> type:
         builds no mask; it does not run ``PagedAttentionCache.__init__``.
         """
 
-        def __init__(self, cache: Any) -> None:  # noqa: D107 - see class docstring
+        def __init__(self, cache: Any, attention: str = "paged") -> None:  # noqa: D107 - see class docstring
             (allocator,) = cache.cache_allocators.values()
             self.paged = cache
             self.allocator = allocator
             self.page_size = allocator.tokens_per_page
+            self.kernel_pages = self.kernel_rows = None
+            if attention == "ragged":
+                from . import ragged
+
+                self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator)
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any = None) -> tuple[Any, Any]:
             import torch
 
+            if "tpu_page_base" in kwargs:  # the kernel path: pages in the kernel's layout (serving.ragged)
+                from . import ragged
+
+                return ragged.update(self, key_states, value_states, layer_idx, kwargs)
             keys, values = self.allocator._kv_token_views[layer_idx]  # [slots, kv_heads, head_dim]
             write = kwargs["tpu_write_slots"].long()
             # Each token's pages: its request's row of the block table (first slot of each page),
@@ -200,7 +213,7 @@ def io_class() -> type:
             if len(cache.cache_allocators) != 1:
                 raise RuntimeError("TPU continuous batching expects one (full-attention) cache group")
             (self.allocator,) = cache.cache_allocators.values()
-            self.view = paged_cache_class()(cache)
+            self.view = paged_cache_class()(cache, self.plan.attention)
             self.logit_processor = logit_processor
             self.arg_defaults = torch.empty((logit_processor.tensors_required, 1), dtype=torch.int32)
             logit_processor.fill_defaults(self.arg_defaults)
@@ -239,6 +252,8 @@ def io_class() -> type:
             write: list[int] = []
             logits: list[int] = []
             bases: list[int] = []
+            kv_lens: list[int] = []
+            tables: list[list[int]] = []
             self.reset()
             for i, future in enumerate(requests_in_batch):
                 state = future.state
@@ -256,6 +271,8 @@ def io_class() -> type:
                     )
                 bases.extend(block * stride for block in blocks)
                 bases.extend([0] * (width - len(blocks)))  # the read-trash block
+                kv_lens.append(past + length)
+                tables.append(list(blocks) + [0] * (width - len(blocks)))
                 if future.has_new_token:
                     logits.append(len(ids) - 1)
                     state.tokens_to_process = [TMP_TOKEN_ID]
@@ -265,6 +282,13 @@ def io_class() -> type:
             q, s = serving.step_shape(real_tokens, real_requests, self.plan.token_buckets, self.plan.request_buckets)
             args = self.arg_defaults.expand(-1, s).clone()
             logits_processors.prepare_tensor_args(requests_in_batch=requests_in_batch, arg_storage=args)
+            kernel = None
+            if self.plan.attention == "ragged":
+                from . import ragged
+
+                write, tables = ragged.step_inputs(self.allocator, write, tables)
+                bases = [page for row in tables for page in row]
+                kernel = (kv_lens, real_requests)
             self._fill(
                 q,
                 s,
@@ -275,39 +299,68 @@ def io_class() -> type:
                 logits=logits,
                 bases=bases,
                 args=args,
+                kernel=kernel,
             )
             self.num_request_in_batch, self.num_q_tokens = real_requests, q
             self.plan.stats.record(real_tokens, real_requests, (q, s))
+            self._record_kv(kv_lens, q, decode=real_tokens == real_requests)
+
+        def _record_kv(self, kv_lens: list[int], padded_tokens: int, decode: bool) -> None:
+            from . import kernel_path
+
+            allocator = self.allocator
+            per_token = 2 * allocator.num_key_value_heads * allocator.head_dim * allocator.cache_dtype.itemsize
+            if self.plan.attention == "ragged":
+                read = kernel_path.kernel_kv_bytes(kv_lens, allocator.tokens_per_page, per_token)
+            else:
+                keys = self.plan.blocks_per_request * allocator.tokens_per_page
+                read = kernel_path.gathered_kv_bytes(padded_tokens, keys, per_token)
+            self.plan.stats.record_kv(read, kernel_path.held_kv_bytes(kv_lens, per_token), decode)
 
         def prepare_warmup_batch(self, q: int, s: int) -> None:
             """A step of shape ``(q, s)`` that reads and writes only the trash sectors."""
             self.reset()
+            kernel = ([], 0) if self.plan.attention == "ragged" else None
             self._fill(q, s, ids=[], positions=[], token_seq=[], write=[], logits=[], bases=[],
-                       args=self.arg_defaults.expand(-1, s).clone())
+                       args=self.arg_defaults.expand(-1, s).clone(), kernel=kernel)
 
-        def _fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, bases, args) -> None:
+        def _fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, bases, args, kernel=None) -> None:
             # Padding tokens: token 0 at position 0 of request 0, written to the write-trash sector,
             # reading the first key of request 0 (masked to itself): finite, and never read back.
+            # The kernel path: padding sequences hold nothing (kv_len 0, no query token, past num_seqs).
             width = self.plan.blocks_per_request
             pad = q - len(ids)
+            write_trash = self.allocator.write_trash_index
+            if kernel is not None:
+                from . import ragged
+
+                write_trash = ragged.step_inputs(self.allocator, [write_trash], [])[0][0]
+            extra: list[list[int]] = []
+            if kernel is not None:
+                kv_lens, seqs = kernel
+                cu = [0]
+                for i in range(s):
+                    cu.append(cu[-1] + (token_seq.count(i) if i < seqs else 0))
+                extra = [kv_lens + [0] * (s - len(kv_lens)), cu, [seqs]]
             host = torch.cat(
                 [
                     torch.tensor(ids + [0] * pad, dtype=torch.int32),
                     torch.tensor(positions + [0] * pad, dtype=torch.int32),
                     torch.tensor(token_seq + [0] * pad, dtype=torch.int32),
-                    torch.tensor(write + [self.allocator.write_trash_index] * pad, dtype=torch.int32),
+                    torch.tensor(write + [write_trash] * pad, dtype=torch.int32),
                     torch.tensor(logits + [0] * (s - len(logits)), dtype=torch.int32),
                     torch.tensor(bases + [0] * (s * width - len(bases)), dtype=torch.int32),
                     args.reshape(-1),
+                    *(torch.tensor(values, dtype=torch.int32) for values in extra),
                 ]
             )
             packed = host.to(self.device)  # the step's only host-to-device copy
-            cut = [q, q, q, q, s, s * width, args.numel()]
+            cut = [q, q, q, q, s, s * width, args.numel(), *(len(values) for values in extra)]
             parts, start = [], 0
             for size in cut:
                 parts.append(packed[start : start + size])
                 start += size
-            ids_d, positions_d, seq_d, write_d, logits_d, bases_d, args_d = parts
+            ids_d, positions_d, seq_d, write_d, logits_d, bases_d, args_d = parts[:7]
             self._kwargs = {
                 "input_ids": ids_d.view(1, q),
                 "position_ids": positions_d.view(1, q),
@@ -321,6 +374,12 @@ def io_class() -> type:
                 "tpu_write_slots": write_d,
                 "tpu_block_base": bases_d.view(s, width),
             }
+            if kernel is not None:  # serving.ragged: the kernel's page table and ragged lengths
+                kv_lens_d, cu_d, seqs_d = parts[7:]
+                del self._kwargs["tpu_block_base"]
+                self._kwargs.update(
+                    tpu_page_base=bases_d.view(s, width), tpu_kv_lens=kv_lens_d, tpu_cu_q_lens=cu_d, tpu_num_seqs=seqs_d
+                )
 
         def get_model_kwargs(self, use_padding: bool = False) -> dict:
             return dict(self._kwargs) if self._kwargs is not None else {}

@@ -1,0 +1,170 @@
+"""The kernel path of TPU serving: JAX's ragged paged attention through ``torch.tpu.pallas.jax_op``.
+
+Used by ``runtime`` (step inputs, the cache's ``update``, the attention) when the manager's plan says
+``attention == "ragged"`` (``kernel_path.attention_path``, decided by ``patch_continuous_batching``).
+
+**The page layout, without a copy.** Transformers' full-attention allocator keeps, for a block of
+``L`` layers, ``L`` pages of ``page_size`` tokens, each page the layer's keys then its values
+(``[2, page_size, kv_heads, head_dim]``). The kernel takes pages ``[page_size, 2 * kv_heads,
+head_dim]`` with keys and values interleaved per head (``0::2`` keys, ``1::2`` values). Both are
+``2 * page_size * kv_heads * head_dim`` elements per layer and page, and only the TPU step writes and
+reads inside a page (upstream copies whole blocks, bytewise, when it forks a request): so on the kernel
+path the step writes each page in the kernel's layout, and the cache tensor viewed as
+``[pages, page_size, 2 * kv_heads, head_dim]`` *is* the kernel's ``kv_pages`` (no conversion, no
+copy). Layer ``i`` of block ``b`` is page ``b * L + i``: the page table is the block table times
+``L``, plus ``i`` per layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from typing import Any
+
+from . import kernel_path
+
+logger = logging.getLogger("transformers_tpu_ext")
+
+_ops: dict[tuple, str] = {}
+_names = itertools.count()
+
+
+def kernel_facts(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool) -> kernel_path.KernelFacts:
+    """The facts :func:`kernel_path.attention_path` decides on, read off the model and the installed JAX."""
+    import importlib
+    import inspect
+
+    import torch
+    from transformers.generation.continuous_batching.utils import find_head_dim
+
+    jax_version, args = None, ()
+    if setting != "paged":
+        try:
+            import jax
+
+            jax_version = jax.__version__
+            module = importlib.import_module(kernel_path.KERNEL)
+            args = tuple(inspect.signature(module.ragged_paged_attention).parameters)
+        except ImportError:
+            pass
+        except Exception as error:  # a JAX that imports but whose kernel does not: the present path
+            logger.debug("transformers-tpu-ext: the ragged paged attention kernel does not load: %s", error)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = int(config.num_attention_heads)
+    pallas = getattr(getattr(torch, "tpu", None), "pallas", None)
+    return kernel_path.KernelFacts(
+        setting=setting,
+        jax=jax_version,
+        kernel_args=args,
+        jax_op=callable(getattr(pallas, "jax_op", None)),
+        head_dim=int(find_head_dim(config)),
+        heads=heads,
+        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        dtype=str(model.dtype).removeprefix("torch."),
+        attention_sinks=attention_sinks,
+        kv_cache=kv_cache,
+    )
+
+
+def kernel_op(sm_scale: float, sliding_window: int | None, soft_cap: float | None) -> Any:
+    """The custom op running the kernel with these static arguments (made once per combination)."""
+    import torch
+
+    return getattr(torch.ops.transformers_tpu_ext, _op_name(sm_scale, sliding_window, soft_cap))
+
+
+def _op_name(sm_scale: float, sliding_window: int | None, soft_cap: float | None) -> str:
+    """The op's name in ``torch.ops.transformers_tpu_ext``, registered on first use: run as Python when
+    a step is traced (``assume_constant_result``), so that the registration is no part of the graph."""
+    key = (sm_scale, sliding_window, soft_cap)
+    name = _ops.get(key)
+    if name is None:
+        import torch
+        from jax.experimental.pallas.ops.tpu import ragged_paged_attention as kernel
+
+        fn = functools.partial(
+            kernel.ragged_paged_attention, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap
+        )
+        name = f"ragged_paged_attention_{next(_names)}"
+        op = torch.tpu.pallas.jax_op(f"transformers_tpu_ext::{name}", fn)
+        op.register_fake(lambda q, *rest: torch.empty_like(q))  # the kernel's output: q's shape and dtype
+        _ops[key] = name
+    return name
+
+
+def _constant(function: Any) -> Any:
+    import torch._dynamo
+
+    return torch._dynamo.assume_constant_result(function)
+
+
+def attention(
+    module: Any,
+    query: Any,  # [1, heads, Q, head_dim]
+    key: Any,  # the cache's pages [pages, page_size, 2 * kv_heads, head_dim] (from update)
+    value: Any,  # this layer's page table [S, pages per request] (from update)
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    tokens, heads, head_dim = query.shape[2], query.shape[1], query.shape[3]
+    op = kernel_op(
+        float(head_dim**-0.5 if scaling is None else scaling),
+        int(sliding_window) if sliding_window else None,
+        float(softcap) if softcap else None,
+    )
+    q = query[0].transpose(0, 1).contiguous().to(key.dtype)  # [Q, heads, head_dim]
+    out = op(q, key, kwargs["tpu_kv_lens"], value, kwargs["tpu_cu_q_lens"], kwargs["tpu_num_seqs"])
+    return out.to(query.dtype).reshape(1, tokens, heads, head_dim), None
+
+
+def update(cache: Any, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any) -> tuple[Any, Any]:
+    """Write the step's keys and values in the kernel's layout; return the pages and the layer's page table."""
+    import torch
+
+    allocator, page = cache.allocator, cache.page_size
+    layer = allocator.layer_indices.index(layer_idx)
+    rows = cache.kernel_rows  # [pages * page_size, 2 * kv_heads, head_dim]
+    k = key_states[0].transpose(0, 1)  # [Q, kv_heads, head_dim]
+    v = value_states[0].transpose(0, 1)
+    kv = torch.stack((k, v), dim=2).reshape(k.shape[0], 2 * k.shape[1], k.shape[2]).to(rows.dtype)
+    rows.index_copy_(0, kwargs["tpu_write_slots"].long() + layer * page, kv)
+    return cache.kernel_pages, kwargs["tpu_page_base"] + layer
+
+
+def kernel_views(allocator: Any) -> tuple[Any, Any]:
+    """The cache tensor as the kernel's pages ``[pages, page_size, 2 * kv_heads, head_dim]`` and as rows."""
+    heads, dim = allocator.num_key_value_heads, allocator.head_dim
+    pages = allocator.cache_tensor.view(-1, allocator.tokens_per_page, 2 * heads, dim)
+    return pages, pages.view(-1, 2 * heads, dim)
+
+
+def step_inputs(allocator: Any, write: list[int], blocks: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Layer 0's write rows in the kernel's layout (from upstream's write indices) and each request's
+    page-table base (its blocks times the layers per block)."""
+    stride, layers, page = allocator.block_physical_stride, allocator.pages_per_block, allocator.tokens_per_page
+    rows = [(w // stride) * layers * page + w % stride for w in write]
+    return rows, [[b * layers for b in row] for row in blocks]
+
+
+def describe(path: str, why: str) -> None:
+    """Say once which attention the serving steps run, and why."""
+    from ..wrapping import warn_once
+
+    if path == "ragged":
+        message = f"transformers-tpu-ext: TPU serving attention: {why}"
+        if message not in _said:
+            _said.add(message)
+            logger.info(message)
+    elif not why.startswith("TRANSFORMERS_TPU_EXT_SERVE_ATTENTION"):
+        warn_once(f"TPU serving runs the plain-PyTorch paged attention (each token reads max_len keys): {why}")
+
+
+_said: set[str] = set()
+
+
+_op_name = _constant(_op_name)
