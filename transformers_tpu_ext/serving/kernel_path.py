@@ -39,7 +39,8 @@ KERNEL = "jax.experimental.pallas.ops.tpu.ragged_paged_attention"
 KERNEL_ARGS = ("q", "kv_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
 KERNEL_KEYWORDS = ("sm_scale", "sliding_window", "soft_cap")
 #: How a user gets it (the range CI tests: scripts/check_jax.sh).
-JAX_EXTRA = "pip install 'transformers-tpu-ext[jax]'  (jax>=0.10,<0.11)"
+JAX_EXTRA = "pip install 'transformers-tpu-ext[jax]'"
+JAX_RANGE = ">=0.10,<0.11"
 #: The head size the kernel takes: TPU lanes (vLLM TPU pads other sizes to this; not done here).
 HEAD_ALIGNMENT = 128
 #: Model dtypes the path computes in (the kernel's q and pages; the TPU's float dtypes).
@@ -88,10 +89,11 @@ def attention_path(facts: KernelFacts) -> tuple[str, str]:
     if facts.setting == "paged":
         return "paged", "TRANSFORMERS_TPU_EXT_SERVE_ATTENTION=paged"
     if facts.jax is None:
-        return "paged", f"JAX is not installed ({JAX_EXTRA} gives the ragged paged attention kernel)"
+        return "paged", f"JAX is not installed ({JAX_EXTRA} installs JAX{JAX_RANGE} with the kernel)"
     if tuple(facts.kernel_args[: len(KERNEL_ARGS)]) != KERNEL_ARGS or not set(KERNEL_KEYWORDS) <= set(facts.kernel_args):
         return "paged", (
-            f"JAX {facts.jax} has no ragged paged attention kernel with combined K/V pages at {KERNEL} ({JAX_EXTRA})"
+            f"JAX {facts.jax} has no ragged paged attention kernel with combined K/V pages at {KERNEL} "
+            f"({JAX_EXTRA} installs JAX{JAX_RANGE}, which has it)"
         )
     if not facts.jax_op:
         return "paged", "this torch_tpu has no torch.tpu.pallas.jax_op to call a JAX kernel from a compiled step"
@@ -128,3 +130,35 @@ def gathered_kv_bytes(padded_tokens: int, max_len_keys: int, bytes_per_token: in
     """K/V bytes the present path gathers for one layer: each scheduled (padded) token reads its
     request's whole block table (``max_len_keys`` = pages per request x page size)."""
     return padded_tokens * max_len_keys * bytes_per_token
+
+
+# -------------------------------------------------------------------------------------------------
+# docs/serving.md's table, computed from the predicate (scripts/gen_docs_tables.py writes it).
+
+BEGIN = "<!-- generated: transformers_tpu_ext.serving.kernel_path.path_table() -->"
+END = "<!-- end of generated table -->"
+
+_KERNEL_ARGS = (*KERNEL_ARGS, *KERNEL_KEYWORDS)
+_TAKEN = KernelFacts(jax="0.10.2", kernel_args=_KERNEL_ARGS, jax_op=True, head_dim=128, heads=32, kv_heads=8, dtype="bfloat16")
+_CASES: tuple[tuple[str, dict], ...] = (
+    ("Llama 3 / Qwen3 shape: head size 128, 8 key-value heads, bf16, JAX 0.10 installed", {}),
+    ("the same, sliding-window or soft-capped layers (Mistral, Gemma 2/3 with head size 256)", {"head_dim": 256}),
+    ("`TRANSFORMERS_TPU_EXT_SERVE_ATTENTION=paged`", {"setting": "paged"}),
+    ("JAX not installed", {"jax": None}),
+    ("a JAX without the kernel (or with its first, separate K/V page layout)", {"kernel_args": ()}),
+    ("a torch_tpu without `torch.tpu.pallas.jax_op`", {"jax_op": False}),
+    ("head size 64 (Llama 3.2 1B, Qwen2.5 0.5B)", {"head_dim": 64}),
+    ("3 key-value heads in bf16", {"heads": 24, "kv_heads": 3}),
+    ("float16 weights", {"dtype": "float16"}),
+    ("the int8 KV cache (`TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE=int8`)", {"kv_cache": "int8"}),
+)
+
+
+def path_table() -> str:
+    """The markdown table of :func:`attention_path` over typical models (docs/serving.md)."""
+    rows = ["| model and setting | attention of the serving steps | why |", "|---|---|---|"]
+    for label, change in _CASES:
+        path, why = attention_path(KernelFacts(**{**_TAKEN.__dict__, **change}))
+        name = "JAX ragged paged attention kernel" if path == "ragged" else "plain-PyTorch paged attention"
+        rows.append(f"| {label} | {name} | {why} |")
+    return "\n".join(rows)

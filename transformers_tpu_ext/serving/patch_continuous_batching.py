@@ -17,8 +17,7 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   (sliding windows are applied by the attention's mask); with the int8 KV cache
   (``serving.kv_cache_path``), int8 pages and a parallel float32 scale tensor, whose blocks
   ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
-- the steps' attention: JAX's ragged paged attention kernel through ``torch.tpu.pallas.jax_op`` where
-  ``kernel_path.attention_path`` allows it (``serving.ragged``), else the plain-PyTorch paged attention.
+- the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
@@ -285,18 +284,10 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
         init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
     )
     logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
-    plan.attention = _attention_path(init, plan.kv_cache)
+    from . import ragged
+
+    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
     resolved.tpu_plan = plan
-
-
-def _attention_path(init: _Init, kv_cache: str | None) -> str:
-    """The steps' attention (``kernel_path.attention_path``): the JAX kernel or the plain-PyTorch one, said once."""
-    from . import kernel_path, ragged
-
-    sinks = _serve_facts(init.model).attention_sinks
-    path, why = kernel_path.attention_path(ragged.kernel_facts(init.model, init.settings.attention, kv_cache, sinks))
-    ragged.describe(path, why)
-    return path
 
 
 def _raise_recompile_limit(limit: int) -> None:

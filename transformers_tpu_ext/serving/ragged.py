@@ -71,7 +71,7 @@ def kernel_op(sm_scale: float, sliding_window: int | None, soft_cap: float | Non
     """The custom op running the kernel with these static arguments (made once per combination)."""
     import torch
 
-    return getattr(torch.ops.transformers_tpu_ext, _op_name(sm_scale, sliding_window, soft_cap))
+    return getattr(torch.ops.transformers_tpu_ext, _traced_op_name[0](sm_scale, sliding_window, soft_cap))
 
 
 def _op_name(sm_scale: float, sliding_window: int | None, soft_cap: float | None) -> str:
@@ -93,10 +93,14 @@ def _op_name(sm_scale: float, sliding_window: int | None, soft_cap: float | None
     return name
 
 
-def _constant(function: Any) -> Any:
-    import torch._dynamo
+_traced_op_name: list[Any] = []  # _op_name as TorchDynamo runs it (made outside any trace, by choose())
 
-    return torch._dynamo.assume_constant_result(function)
+
+def _prepare() -> None:
+    if not _traced_op_name:
+        import torch._dynamo
+
+        _traced_op_name.append(torch._dynamo.assume_constant_result(_op_name))
 
 
 def attention(
@@ -144,11 +148,50 @@ def kernel_views(allocator: Any) -> tuple[Any, Any]:
 
 
 def step_inputs(allocator: Any, write: list[int], blocks: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Layer 0's write rows in the kernel's layout (from upstream's write indices) and each request's
-    page-table base (its blocks times the layers per block)."""
+    """Layer 0's write rows in the kernel's layout (from upstream's write indices) and the requests'
+    page-table bases, flat (their blocks times the layers per block)."""
     stride, layers, page = allocator.block_physical_stride, allocator.pages_per_block, allocator.tokens_per_page
     rows = [(w // stride) * layers * page + w % stride for w in write]
-    return rows, [[b * layers for b in row] for row in blocks]
+    return rows, [b * layers for row in blocks for b in row]
+
+
+def padded_arrays(allocator: Any, kernel: tuple[list[int], int], token_seq: list[int], s: int) -> tuple[list, int]:
+    """The step's ``kv_lens`` [S], ``cu_q_lens`` [S + 1] and ``num_seqs`` [1] (padding sequences past
+    ``num_seqs`` hold nothing and have no query token), and the padding tokens' write row."""
+    kv_lens, seqs = kernel
+    counts = [0] * s
+    for i in token_seq:
+        counts[i] += 1
+    cu = [0]
+    for i in range(s):
+        cu.append(cu[-1] + (counts[i] if i < seqs else 0))
+    trash = step_inputs(allocator, [allocator.write_trash_index], [])[0][0]
+    return [kv_lens + [0] * (s - len(kv_lens)), cu, [seqs]], trash
+
+
+def step_kwargs(page_base: Any, kv_lens: Any, cu_q_lens: Any, num_seqs: Any) -> dict[str, Any]:
+    """What the model's forward carries on the kernel path (in place of the present path's block bases)."""
+    return {"tpu_page_base": page_base, "tpu_kv_lens": kv_lens, "tpu_cu_q_lens": cu_q_lens, "tpu_num_seqs": num_seqs}
+
+
+def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) -> tuple[int, int]:
+    """One step's K/V bytes per layer: what its attention reads (the kernel: the pages of each ``kv_len``;
+    the present path: ``max_len`` keys for every scheduled token), and what the requests hold."""
+    per_token = 2 * allocator.num_key_value_heads * allocator.head_dim * allocator.cache_dtype.itemsize
+    if plan.attention == "ragged":
+        read = kernel_path.kernel_kv_bytes(kv_lens, allocator.tokens_per_page, per_token)
+    else:
+        read = kernel_path.gathered_kv_bytes(padded_tokens, plan.blocks_per_request * allocator.tokens_per_page, per_token)
+    return read, kernel_path.held_kv_bytes(kv_lens, per_token)
+
+
+def choose(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool) -> str:
+    """The steps' attention (``kernel_path.attention_path``): the JAX kernel or the plain-PyTorch one, said once."""
+    path, why = kernel_path.attention_path(kernel_facts(model, setting, kv_cache, attention_sinks))
+    describe(path, why)
+    if path == "ragged":
+        _prepare()
+    return path
 
 
 def describe(path: str, why: str) -> None:
@@ -165,6 +208,3 @@ def describe(path: str, why: str) -> None:
 
 
 _said: set[str] = set()
-
-
-_op_name = _constant(_op_name)

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from . import policy as serving
+from . import ragged
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -49,8 +50,6 @@ def dispatching_attention(original: str) -> Any:
 
     def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
         if "tpu_kv_lens" in kwargs:  # the kernel path (serving.ragged)
-            from . import ragged
-
             return ragged.attention(module, query, key, value, attention_mask, *args, **kwargs)
         if "tpu_positions" in kwargs:
             return paged_attention(module, query, key, value, attention_mask, *args, **kwargs)
@@ -119,18 +118,12 @@ def paged_cache_class() -> type:
             self.paged = cache
             self.allocator = allocator
             self.page_size = allocator.tokens_per_page
-            self.kernel_pages = self.kernel_rows = None
-            if attention == "ragged":
-                from . import ragged
-
-                self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator)
+            self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator) if attention == "ragged" else (None, None)
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any = None) -> tuple[Any, Any]:
             import torch
 
             if "tpu_page_base" in kwargs:  # the kernel path: pages in the kernel's layout (serving.ragged)
-                from . import ragged
-
                 return ragged.update(self, key_states, value_states, layer_idx, kwargs)
             keys, values = self.allocator._kv_token_views[layer_idx]  # [slots, kv_heads, head_dim]
             write = kwargs["tpu_write_slots"].long()
@@ -252,8 +245,7 @@ def io_class() -> type:
             write: list[int] = []
             logits: list[int] = []
             bases: list[int] = []
-            kv_lens: list[int] = []
-            tables: list[list[int]] = []
+            kv_lens, tables = [], []  # each request's tokens and block-table row (kernel path, byte counts)
             self.reset()
             for i, future in enumerate(requests_in_batch):
                 state = future.state
@@ -283,11 +275,8 @@ def io_class() -> type:
             args = self.arg_defaults.expand(-1, s).clone()
             logits_processors.prepare_tensor_args(requests_in_batch=requests_in_batch, arg_storage=args)
             kernel = None
-            if self.plan.attention == "ragged":
-                from . import ragged
-
-                write, tables = ragged.step_inputs(self.allocator, write, tables)
-                bases = [page for row in tables for page in row]
+            if self.plan.attention == "ragged":  # the kernel's write rows and page tables (serving.ragged)
+                write, bases = ragged.step_inputs(self.allocator, write, tables)
                 kernel = (kv_lens, real_requests)
             self._fill(
                 q,
@@ -303,19 +292,7 @@ def io_class() -> type:
             )
             self.num_request_in_batch, self.num_q_tokens = real_requests, q
             self.plan.stats.record(real_tokens, real_requests, (q, s))
-            self._record_kv(kv_lens, q, decode=real_tokens == real_requests)
-
-        def _record_kv(self, kv_lens: list[int], padded_tokens: int, decode: bool) -> None:
-            from . import kernel_path
-
-            allocator = self.allocator
-            per_token = 2 * allocator.num_key_value_heads * allocator.head_dim * allocator.cache_dtype.itemsize
-            if self.plan.attention == "ragged":
-                read = kernel_path.kernel_kv_bytes(kv_lens, allocator.tokens_per_page, per_token)
-            else:
-                keys = self.plan.blocks_per_request * allocator.tokens_per_page
-                read = kernel_path.gathered_kv_bytes(padded_tokens, keys, per_token)
-            self.plan.stats.record_kv(read, kernel_path.held_kv_bytes(kv_lens, per_token), decode)
+            self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens == real_requests)
 
         def prepare_warmup_batch(self, q: int, s: int) -> None:
             """A step of shape ``(q, s)`` that reads and writes only the trash sectors."""
@@ -330,18 +307,9 @@ def io_class() -> type:
             # The kernel path: padding sequences hold nothing (kv_len 0, no query token, past num_seqs).
             width = self.plan.blocks_per_request
             pad = q - len(ids)
-            write_trash = self.allocator.write_trash_index
+            extra, write_trash = [], self.allocator.write_trash_index
             if kernel is not None:
-                from . import ragged
-
-                write_trash = ragged.step_inputs(self.allocator, [write_trash], [])[0][0]
-            extra: list[list[int]] = []
-            if kernel is not None:
-                kv_lens, seqs = kernel
-                cu = [0]
-                for i in range(s):
-                    cu.append(cu[-1] + (token_seq.count(i) if i < seqs else 0))
-                extra = [kv_lens + [0] * (s - len(kv_lens)), cu, [seqs]]
+                extra, write_trash = ragged.padded_arrays(self.allocator, kernel, token_seq, s)
             host = torch.cat(
                 [
                     torch.tensor(ids + [0] * pad, dtype=torch.int32),
@@ -375,11 +343,7 @@ def io_class() -> type:
                 "tpu_block_base": bases_d.view(s, width),
             }
             if kernel is not None:  # serving.ragged: the kernel's page table and ragged lengths
-                kv_lens_d, cu_d, seqs_d = parts[7:]
-                del self._kwargs["tpu_block_base"]
-                self._kwargs.update(
-                    tpu_page_base=bases_d.view(s, width), tpu_kv_lens=kv_lens_d, tpu_cu_q_lens=cu_d, tpu_num_seqs=seqs_d
-                )
+                self._kwargs.update(ragged.step_kwargs(self._kwargs.pop("tpu_block_base"), *parts[7:]))
 
         def get_model_kwargs(self, use_padding: bool = False) -> dict:
             return dict(self._kwargs) if self._kwargs is not None else {}
