@@ -328,19 +328,26 @@ class StepStats:
     padded_requests: int = 0
     shapes: set = field(default_factory=set)
     #: K/V bytes per layer, summed over steps: what the attention read, what the requests held
-    #: (``kernel_path``'s counts; ``decode_*`` over the steps that scheduled no prefill token)
+    #: (``kernel_path``'s counts; ``decode_*`` over the steps that scheduled no prefill token, with
+    #: what the kernel reads on those steps whichever attention ran)
     kv_bytes_read: int = 0
     kv_bytes_held: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0
     decode_kv_bytes_read: int = 0
     decode_kv_bytes_held: int = 0
+    decode_kernel_kv_bytes: int = 0
 
-    def record_kv(self, read: int, held: int, decode: bool) -> None:
-        """One step's K/V bytes (per layer)."""
+    def record_kv(self, read: int, held: int, kernel_read: int, decode_tokens: int) -> None:
+        """One step's K/V bytes (per layer); ``decode_tokens``: its tokens if it is a decode step, else 0."""
         self.kv_bytes_read += read
         self.kv_bytes_held += held
-        if decode:
+        if decode_tokens:
+            self.decode_steps += 1
+            self.decode_tokens += decode_tokens
             self.decode_kv_bytes_read += read
             self.decode_kv_bytes_held += held
+            self.decode_kernel_kv_bytes += kernel_read
 
     def record(self, tokens: int, requests: int, shape: tuple[int, int]) -> None:
         """One step (called by the generation loop's thread only)."""
@@ -367,10 +374,18 @@ class StepStats:
             "shapes": sorted(self.shapes),
             "kv_bytes_read": self.kv_bytes_read,
             "kv_bytes_held": self.kv_bytes_held,
-            "decode_kv_read_over_held": round(self.decode_kv_bytes_read / self.decode_kv_bytes_held, 4)
-            if self.decode_kv_bytes_held
-            else None,
+            "decode_steps": self.decode_steps,
+            "decode_tokens": self.decode_tokens,
+            "decode_kv_bytes_read": self.decode_kv_bytes_read,
+            "decode_kv_bytes_held": self.decode_kv_bytes_held,
+            "decode_kernel_kv_bytes": self.decode_kernel_kv_bytes,
+            "decode_kv_read_over_held": _ratio(self.decode_kv_bytes_read, self.decode_kv_bytes_held),
+            "decode_kernel_kv_read_over_held": _ratio(self.decode_kernel_kv_bytes, self.decode_kv_bytes_held),
         }
+
+
+def _ratio(a: int, b: int) -> float | None:
+    return round(a / b, 4) if b else None
 
 
 # -------------------------------------------------------------------------------------------------

@@ -174,15 +174,16 @@ def step_kwargs(page_base: Any, kv_lens: Any, cu_q_lens: Any, num_seqs: Any) -> 
     return {"tpu_page_base": page_base, "tpu_kv_lens": kv_lens, "tpu_cu_q_lens": cu_q_lens, "tpu_num_seqs": num_seqs}
 
 
-def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) -> tuple[int, int]:
+def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) -> tuple[int, int, int]:
     """One step's K/V bytes per layer: what its attention reads (the kernel: the pages of each ``kv_len``;
-    the present path: ``max_len`` keys for every scheduled token), and what the requests hold."""
+    the present path: ``max_len`` keys for every scheduled token), what the requests hold, and what the
+    kernel reads (or would read) on this step."""
     per_token = 2 * allocator.num_key_value_heads * allocator.head_dim * allocator.cache_dtype.itemsize
-    if plan.attention == "ragged":
-        read = kernel_path.kernel_kv_bytes(kv_lens, allocator.tokens_per_page, per_token)
-    else:
+    kernel = kernel_path.kernel_kv_bytes(kv_lens, allocator.tokens_per_page, per_token)
+    read = kernel
+    if plan.attention != "ragged":
         read = kernel_path.gathered_kv_bytes(padded_tokens, plan.blocks_per_request * allocator.tokens_per_page, per_token)
-    return read, kernel_path.held_kv_bytes(kv_lens, per_token)
+    return read, kernel_path.held_kv_bytes(kv_lens, per_token), kernel
 
 
 def choose(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool) -> str:

@@ -292,7 +292,7 @@ def io_class() -> type:
             )
             self.num_request_in_batch, self.num_q_tokens = real_requests, q
             self.plan.stats.record(real_tokens, real_requests, (q, s))
-            self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens == real_requests)
+            self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens * (real_tokens == real_requests))
 
         def prepare_warmup_batch(self, q: int, s: int) -> None:
             """A step of shape ``(q, s)`` that reads and writes only the trash sectors."""
