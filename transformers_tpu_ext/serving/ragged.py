@@ -199,12 +199,12 @@ def describe(path: str, why: str) -> None:
     """Say once which attention the serving steps run, and why."""
     from ..wrapping import warn_once
 
-    if path == "ragged":
-        message = f"transformers-tpu-ext: TPU serving attention: {why}"
+    if path == "ragged" or why.startswith("JAX is not installed"):  # no JAX: the default, not a problem
+        message = f"transformers-tpu-ext: TPU serving attention: {path}: {why}"
         if message not in _said:
             _said.add(message)
             logger.info(message)
-    elif not why.startswith("TRANSFORMERS_TPU_EXT_SERVE_ATTENTION"):
+    elif not why.startswith("TRANSFORMERS_TPU_EXT_SERVE_ATTENTION"):  # JAX is there, the kernel cannot be used
         warn_once(f"TPU serving runs the plain-PyTorch paged attention (each token reads max_len keys): {why}")
 
 
