@@ -30,16 +30,19 @@ _ops: dict[tuple, str] = {}
 _names = itertools.count()
 
 
-def kernel_facts(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool) -> kernel_path.KernelFacts:
-    """The facts :func:`kernel_path.attention_path` decides on, read off the model and the installed JAX."""
+def kernel_facts(
+    model: Any, setting: str, kv_cache: str | None, attention_sinks: bool, probe_jax: bool = True
+) -> kernel_path.KernelFacts:
+    """The facts :func:`kernel_path.attention_path` decides on, read off the model and the installed JAX
+    (``probe_jax=False``: JAX and torch_tpu as if they had the kernel, JAX not imported)."""
     import importlib
     import inspect
 
     import torch
     from transformers.generation.continuous_batching.utils import find_head_dim
 
-    jax_version, args = None, ()
-    if setting != "paged":
+    jax_version, args = (None, ()) if probe_jax else ("any", (*kernel_path.KERNEL_ARGS, *kernel_path.KERNEL_KEYWORDS))
+    if setting != "paged" and probe_jax:
         try:
             import jax
 
@@ -57,7 +60,7 @@ def kernel_facts(model: Any, setting: str, kv_cache: str | None, attention_sinks
         setting=setting,
         jax=jax_version,
         kernel_args=args,
-        jax_op=callable(getattr(pallas, "jax_op", None)),
+        jax_op=callable(getattr(pallas, "jax_op", None)) or not probe_jax,
         head_dim=int(find_head_dim(config)),
         heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
@@ -188,7 +191,10 @@ def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) 
 
 def choose(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool) -> str:
     """The steps' attention (``kernel_path.attention_path``): the JAX kernel or the plain-PyTorch one, said once."""
-    path, why = kernel_path.attention_path(kernel_facts(model, setting, kv_cache, attention_sinks))
+    # What the model alone rules out is decided without importing JAX (a second or more).
+    path, why = kernel_path.attention_path(kernel_facts(model, setting, kv_cache, attention_sinks, probe_jax=False))
+    if path == "ragged":
+        path, why = kernel_path.attention_path(kernel_facts(model, setting, kv_cache, attention_sinks))
     describe(path, why)
     if path == "ragged":
         _prepare()
