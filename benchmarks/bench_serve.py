@@ -29,6 +29,65 @@ from _common import emit, run_worker, worker_env, write_report
 
 
 
+#: HBM bandwidth per chip generation, bytes/s (Google Cloud's published figures).
+HBM_BANDWIDTH = {"v5e": 819e9, "v6e": 1638e9, "v5p": 2765e9, "TPU7x": 7380e9}
+
+
+def roofline(stats: dict, layers: int, weight_bytes: int) -> dict:
+    """Decode tokens/s a chip generation reaches if a decode step takes the time to read the weights and
+    the K/V its attention reads from HBM (the bound of a memory-bound step), from the plan's step stats:
+    for the attention that ran, for JAX's ragged paged attention kernel on the same steps, and for the
+    floor (only the K/V the requests hold)."""
+    steps = stats.get("decode_steps") or 0
+    if not steps:
+        return {}
+    tokens = stats["decode_tokens"] / steps
+    per_step = {
+        "attention_that_ran": stats["decode_kv_bytes_read"] * layers / steps,
+        "kernel": stats["decode_kernel_kv_bytes"] * layers / steps,
+        "held": stats["decode_kv_bytes_held"] * layers / steps,
+    }
+    return {
+        "decode_tokens_per_step": round(tokens, 2),
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_decode_step": {k: int(v) for k, v in per_step.items()},
+        "tokens_per_second": {
+            chip: {k: round(tokens * bw / (weight_bytes + v), 1) for k, v in per_step.items()} for chip, bw in HBM_BANDWIDTH.items()
+        },
+    }
+
+
+def decode_floor(requests: int = 64, lengths: tuple[int, int] = (16, 1000), seed: int = 0) -> dict:
+    """The issue's decode step, counted (no model runs): ``requests`` requests holding 16..1,000 tokens
+    each, a Llama-3-8B shape (32 layers, 8 key-value heads of 128, bf16, 16.06 GB of weights), at the
+    default max length (2048, pages of 128). K/V bytes read per step by the kernel (the pages of each
+    request) and by the plain-PyTorch gather (``max_len`` keys per token), and the roofline tokens/s of
+    each chip generation."""
+    from transformers_tpu_ext.serving import kernel_path
+    from transformers_tpu_ext.serving import policy as serving
+
+    rng = random.Random(seed)
+    lens = [rng.randint(*lengths) for _ in range(requests)]
+    layers, per_token, weights = 32, 2 * 8 * 128 * 2, 16_060_000_000
+    page = serving.page_size_for(serving.DEFAULT_MAX_LEN)
+    keys = serving.blocks_per_request(serving.DEFAULT_MAX_LEN, page) * page
+    padded = serving.round_up(requests, serving.token_ladder(serving.DEFAULT_MAX_BATCH_TOKENS))
+    per_step = {
+        "held": kernel_path.held_kv_bytes(lens, per_token) * layers,
+        "kernel": kernel_path.kernel_kv_bytes(lens, page, per_token) * layers,
+        "gather": kernel_path.gathered_kv_bytes(padded, keys, per_token) * layers,
+    }
+    return {
+        "requests": requests,
+        "tokens_held": [min(lens), max(lens), sum(lens)],
+        "kv_bytes_per_decode_step": per_step,
+        "read_over_held": {k: round(v / per_step["held"], 3) for k, v in per_step.items() if k != "held"},
+        "tokens_per_second": {
+            chip: {k: round(requests * bw / (weights + v), 1) for k, v in per_step.items()} for chip, bw in HBM_BANDWIDTH.items()
+        },
+    }
+
+
 def workload(requests: int, max_prompt: int, max_new: int, seed: int = 0) -> list[tuple[int, int]]:
     """``requests`` deterministic ``(prompt_length, max_new_tokens)`` pairs, in mixed order."""
     rng = random.Random(seed)
@@ -137,6 +196,13 @@ def worker(side: str, quick: bool) -> dict:
         result["padding_overhead"] = info["stats"]["token_overhead"]
         result["kv_cache_fraction_of_budget"] = info["kv_cache_fraction_of_budget"]
         result["kv_cache_within_budget"] = info["kv_cache_bytes"] + info["step_bytes"] <= info["kv_budget_bytes"]
+        result["kv_read_over_held"] = {
+            "decode_steps": info["stats"]["decode_steps"],
+            "attention": info["attention"],
+            "attention_that_ran": info["stats"]["decode_kv_read_over_held"],
+            "kernel_on_the_same_steps": info["stats"]["decode_kernel_kv_read_over_held"],
+        }
+        result["roofline"] = roofline(info["stats"], model.config.num_hidden_layers, info["resident_bytes"])
     else:
         result["padding_overhead"] = 1.0  # upstream pads nothing when it does not compile
     return result
@@ -182,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = sizes(args.quick)
     work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
     report: dict = {
+        "decode_floor": decode_floor(),
         "workload": {
             "requests": len(work),
             "prompt_lengths": [min(p for p, _ in work), max(p for p, _ in work)],

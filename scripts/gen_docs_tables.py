@@ -3,8 +3,9 @@
     python scripts/gen_docs_tables.py           # rewrite in place
     python scripts/gen_docs_tables.py --check   # exit 1 if a table is out of date
 
-Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``),
-between its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
+Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``), and
+docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``), each between its
+``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
 ``tests/generation/test_generation_paths_table.py`` fails when the docs and the policy differ.
 """
 
@@ -23,19 +24,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from transformers_tpu_ext.generation import paths
+    from transformers_tpu_ext.serving import kernel_path
 
-    page = ROOT / "docs" / "generation.md"
-    text = page.read_text()
-    begin, end = text.index(paths.BEGIN) + len(paths.BEGIN), text.index(paths.END)
-    updated = text[:begin] + "\n" + paths.path_table() + "\n" + text[end:]
-    if updated == text:
-        return 0
-    if args.check:
-        print(f"{page.relative_to(ROOT)}: the generated table is out of date (python scripts/gen_docs_tables.py)")
-        return 1
-    page.write_text(updated)
-    print(f"rewrote the generated table of {page.relative_to(ROOT)}")
-    return 0
+    status = 0
+    for name, module in (("generation.md", paths), ("serving.md", kernel_path)):
+        page = ROOT / "docs" / name
+        text = page.read_text()
+        begin, end = text.index(module.BEGIN) + len(module.BEGIN), text.index(module.END, text.index(module.BEGIN))
+        updated = text[:begin] + "\n" + module.path_table() + "\n" + text[end:]
+        if updated == text:
+            continue
+        if args.check:
+            print(f"{page.relative_to(ROOT)}: the generated table is out of date (python scripts/gen_docs_tables.py)")
+            status = 1
+            continue
+        page.write_text(updated)
+        print(f"rewrote the generated table of {page.relative_to(ROOT)}")
+    return status
 
 
 if __name__ == "__main__":

@@ -45,3 +45,12 @@ def test_quick_run_prints_the_json_report(tmp_path):
     assert plugin["warmup"]["graphs_compiled"] == plugin["plan"]["step_shapes"]
     assert plugin["kv_cache_within_budget"] and plugin["kv_cache_fraction_of_budget"] >= 0.8
     assert plugin["padding_overhead"] >= 1.0
+
+
+def test_the_decode_floor_reads_about_what_the_requests_hold():
+    floor = _load().decode_floor()
+    assert 16 <= floor["tokens_held"][0] and floor["tokens_held"][1] <= 1000
+    assert floor["read_over_held"]["kernel"] <= 1.25 < 3 < floor["read_over_held"]["gather"]
+    for chip in ("v5e", "v6e", "v5p", "TPU7x"):
+        speeds = floor["tokens_per_second"][chip]
+        assert speeds["held"] >= speeds["kernel"] > speeds["gather"]

@@ -17,6 +17,7 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   (sliding windows are applied by the attention's mask); with the int8 KV cache
   (``serving.kv_cache_path``), int8 pages and a parallel float32 scale tensor, whose blocks
   ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
+- the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
@@ -283,6 +284,9 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
         init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
     )
     logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
+    from . import ragged
+
+    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
     resolved.tpu_plan = plan
 
 

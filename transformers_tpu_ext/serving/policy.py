@@ -36,6 +36,7 @@ from typing import Any
 from ..ladders import geometric_ladder, round_up
 from ..config import Overrides, check_variables
 from ..quantization import kv_cache as kv_format
+from .kernel_path import ATTENTION_SETTINGS
 
 __all__ = [
     "PAGED_FALLBACKS",
@@ -88,6 +89,7 @@ ENV: dict[str, str] = {
     "page_size": "TRANSFORMERS_TPU_EXT_SERVE_PAGE_SIZE",
     "warmup": "TRANSFORMERS_TPU_EXT_SERVE_WARMUP",
     "kv_cache": "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE",
+    "attention": "TRANSFORMERS_TPU_EXT_SERVE_ATTENTION",
 }
 
 
@@ -325,6 +327,27 @@ class StepStats:
     requests: int = 0
     padded_requests: int = 0
     shapes: set = field(default_factory=set)
+    #: K/V bytes per layer, summed over steps: what the attention read, what the requests held
+    #: (``kernel_path``'s counts; ``decode_*`` over the steps that scheduled no prefill token, with
+    #: what the kernel reads on those steps whichever attention ran)
+    kv_bytes_read: int = 0
+    kv_bytes_held: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    decode_kv_bytes_read: int = 0
+    decode_kv_bytes_held: int = 0
+    decode_kernel_kv_bytes: int = 0
+
+    def record_kv(self, read: int, held: int, kernel_read: int, decode_tokens: int) -> None:
+        """One step's K/V bytes (per layer); ``decode_tokens``: its tokens if it is a decode step, else 0."""
+        self.kv_bytes_read += read
+        self.kv_bytes_held += held
+        if decode_tokens:
+            self.decode_steps += 1
+            self.decode_tokens += decode_tokens
+            self.decode_kv_bytes_read += read
+            self.decode_kv_bytes_held += held
+            self.decode_kernel_kv_bytes += kernel_read
 
     def record(self, tokens: int, requests: int, shape: tuple[int, int]) -> None:
         """One step (called by the generation loop's thread only)."""
@@ -349,7 +372,20 @@ class StepStats:
             "padded_requests": self.padded_requests,
             "token_overhead": round(self.token_overhead, 4),
             "shapes": sorted(self.shapes),
+            "kv_bytes_read": self.kv_bytes_read,
+            "kv_bytes_held": self.kv_bytes_held,
+            "decode_steps": self.decode_steps,
+            "decode_tokens": self.decode_tokens,
+            "decode_kv_bytes_read": self.decode_kv_bytes_read,
+            "decode_kv_bytes_held": self.decode_kv_bytes_held,
+            "decode_kernel_kv_bytes": self.decode_kernel_kv_bytes,
+            "decode_kv_read_over_held": _ratio(self.decode_kv_bytes_read, self.decode_kv_bytes_held),
+            "decode_kernel_kv_read_over_held": _ratio(self.decode_kernel_kv_bytes, self.decode_kv_bytes_held),
         }
+
+
+def _ratio(a: int, b: int) -> float | None:
+    return round(a / b, 4) if b else None
 
 
 # -------------------------------------------------------------------------------------------------
@@ -370,6 +406,8 @@ class ServeSettings:
     - ``kv_cache``: ``"int8"`` stores the pages as int8 with one float32 scale per position and
       key-value head (the pool holds about twice the tokens of bf16 pages; lossy), where
       :func:`kv_cache_path` allows it; ``None`` (default): the model's dtype.
+    - ``attention``: ``"auto"`` runs JAX's ragged paged attention kernel where
+      ``kernel_path.attention_path`` allows it; ``"paged"`` always the plain-PyTorch paged attention.
     """
 
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
@@ -380,8 +418,11 @@ class ServeSettings:
     page_size: int | None = None
     warmup: bool = True
     kv_cache: str | None = None
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_SETTINGS:
+            raise ValueError(f"attention must be one of {ATTENTION_SETTINGS}, got {self.attention!r}")
         if self.kv_cache is not None and self.kv_cache not in kv_format.FORMATS:
             raise ValueError(f"kv_cache must be None (the model's dtype) or one of {kv_format.FORMATS}, got {self.kv_cache!r}")
         _positive("max_batch_tokens", self.max_batch_tokens)
@@ -453,6 +494,8 @@ def _parse(name: str, raw: str) -> Any:
         raise ValueError(f"{where}: use 1 or 0")
     if name == "kv_cache":
         return None if raw.lower() in {"", "none", "default"} else raw.lower()
+    if name == "attention":
+        return raw.lower()
     try:
         if name.endswith("buckets"):
             return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
@@ -547,6 +590,8 @@ class ServingPlan:
     warmup: bool = True
     #: the KV cache format (``kv_cache_path``): "int8", or None for the model's dtype
     kv_cache: str | None = None
+    #: the attention of the steps (``kernel_path.attention_path``): "ragged" (the JAX kernel) or "paged"
+    attention: str = "paged"
     #: what the user should know about this plan (explicit rungs a smaller limit cut), logged once
     notes: tuple[str, ...] = ()
     cache: CachePlan | None = None
@@ -579,6 +624,7 @@ class ServingPlan:
             "step_bytes": cache.step_bytes if cache else None,
             "kv_cache_fraction_of_budget": round(cache.usable_fraction, 4) if cache else None,
             "kv_cache_format": self.kv_cache,
+            "attention": self.attention,
             "stats": self.stats.asdict(),
         }
 

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from . import policy as serving
+from . import ragged
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -48,6 +49,8 @@ def dispatching_attention(original: str) -> Any:
     import sys
 
     def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if "tpu_kv_lens" in kwargs:  # the kernel path (serving.ragged)
+            return ragged.attention(module, query, key, value, attention_mask, *args, **kwargs)
         if "tpu_positions" in kwargs:
             return paged_attention(module, query, key, value, attention_mask, *args, **kwargs)
         if original == "eager":  # the model file's own (soft-capping, dropout... as the model has them)
@@ -110,15 +113,18 @@ def paged_cache_class() -> type:
         builds no mask; it does not run ``PagedAttentionCache.__init__``.
         """
 
-        def __init__(self, cache: Any) -> None:  # noqa: D107 - see class docstring
+        def __init__(self, cache: Any, attention: str = "paged") -> None:  # noqa: D107 - see class docstring
             (allocator,) = cache.cache_allocators.values()
             self.paged = cache
             self.allocator = allocator
             self.page_size = allocator.tokens_per_page
+            self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator) if attention == "ragged" else (None, None)
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any = None) -> tuple[Any, Any]:
             import torch
 
+            if "tpu_page_base" in kwargs:  # the kernel path: pages in the kernel's layout (serving.ragged)
+                return ragged.update(self, key_states, value_states, layer_idx, kwargs)
             keys, values = self.allocator._kv_token_views[layer_idx]  # [slots, kv_heads, head_dim]
             write = kwargs["tpu_write_slots"].long()
             # Each token's pages: its request's row of the block table (first slot of each page),
@@ -200,7 +206,7 @@ def io_class() -> type:
             if len(cache.cache_allocators) != 1:
                 raise RuntimeError("TPU continuous batching expects one (full-attention) cache group")
             (self.allocator,) = cache.cache_allocators.values()
-            self.view = paged_cache_class()(cache)
+            self.view = paged_cache_class()(cache, self.plan.attention)
             self.logit_processor = logit_processor
             self.arg_defaults = torch.empty((logit_processor.tensors_required, 1), dtype=torch.int32)
             logit_processor.fill_defaults(self.arg_defaults)
@@ -239,6 +245,7 @@ def io_class() -> type:
             write: list[int] = []
             logits: list[int] = []
             bases: list[int] = []
+            kv_lens, tables = [], []  # each request's tokens and block-table row (kernel path, byte counts)
             self.reset()
             for i, future in enumerate(requests_in_batch):
                 state = future.state
@@ -256,6 +263,8 @@ def io_class() -> type:
                     )
                 bases.extend(block * stride for block in blocks)
                 bases.extend([0] * (width - len(blocks)))  # the read-trash block
+                kv_lens.append(past + length)
+                tables.append(list(blocks) + [0] * (width - len(blocks)))
                 if future.has_new_token:
                     logits.append(len(ids) - 1)
                     state.tokens_to_process = [TMP_TOKEN_ID]
@@ -265,6 +274,10 @@ def io_class() -> type:
             q, s = serving.step_shape(real_tokens, real_requests, self.plan.token_buckets, self.plan.request_buckets)
             args = self.arg_defaults.expand(-1, s).clone()
             logits_processors.prepare_tensor_args(requests_in_batch=requests_in_batch, arg_storage=args)
+            kernel = None
+            if self.plan.attention == "ragged":  # the kernel's write rows and page tables (serving.ragged)
+                write, bases = ragged.step_inputs(self.allocator, write, tables)
+                kernel = (kv_lens, real_requests)
             self._fill(
                 q,
                 s,
@@ -275,39 +288,47 @@ def io_class() -> type:
                 logits=logits,
                 bases=bases,
                 args=args,
+                kernel=kernel,
             )
             self.num_request_in_batch, self.num_q_tokens = real_requests, q
             self.plan.stats.record(real_tokens, real_requests, (q, s))
+            self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens * (real_tokens == real_requests))
 
         def prepare_warmup_batch(self, q: int, s: int) -> None:
             """A step of shape ``(q, s)`` that reads and writes only the trash sectors."""
             self.reset()
+            kernel = ([], 0) if self.plan.attention == "ragged" else None
             self._fill(q, s, ids=[], positions=[], token_seq=[], write=[], logits=[], bases=[],
-                       args=self.arg_defaults.expand(-1, s).clone())
+                       args=self.arg_defaults.expand(-1, s).clone(), kernel=kernel)
 
-        def _fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, bases, args) -> None:
+        def _fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, bases, args, kernel=None) -> None:
             # Padding tokens: token 0 at position 0 of request 0, written to the write-trash sector,
             # reading the first key of request 0 (masked to itself): finite, and never read back.
+            # The kernel path: padding sequences hold nothing (kv_len 0, no query token, past num_seqs).
             width = self.plan.blocks_per_request
             pad = q - len(ids)
+            extra, write_trash = [], self.allocator.write_trash_index
+            if kernel is not None:
+                extra, write_trash = ragged.padded_arrays(self.allocator, kernel, token_seq, s)
             host = torch.cat(
                 [
                     torch.tensor(ids + [0] * pad, dtype=torch.int32),
                     torch.tensor(positions + [0] * pad, dtype=torch.int32),
                     torch.tensor(token_seq + [0] * pad, dtype=torch.int32),
-                    torch.tensor(write + [self.allocator.write_trash_index] * pad, dtype=torch.int32),
+                    torch.tensor(write + [write_trash] * pad, dtype=torch.int32),
                     torch.tensor(logits + [0] * (s - len(logits)), dtype=torch.int32),
                     torch.tensor(bases + [0] * (s * width - len(bases)), dtype=torch.int32),
                     args.reshape(-1),
+                    *(torch.tensor(values, dtype=torch.int32) for values in extra),
                 ]
             )
             packed = host.to(self.device)  # the step's only host-to-device copy
-            cut = [q, q, q, q, s, s * width, args.numel()]
+            cut = [q, q, q, q, s, s * width, args.numel(), *(len(values) for values in extra)]
             parts, start = [], 0
             for size in cut:
                 parts.append(packed[start : start + size])
                 start += size
-            ids_d, positions_d, seq_d, write_d, logits_d, bases_d, args_d = parts
+            ids_d, positions_d, seq_d, write_d, logits_d, bases_d, args_d = parts[:7]
             self._kwargs = {
                 "input_ids": ids_d.view(1, q),
                 "position_ids": positions_d.view(1, q),
@@ -321,6 +342,8 @@ def io_class() -> type:
                 "tpu_write_slots": write_d,
                 "tpu_block_base": bases_d.view(s, width),
             }
+            if kernel is not None:  # serving.ragged: the kernel's page table and ragged lengths
+                self._kwargs.update(ragged.step_kwargs(self._kwargs.pop("tpu_block_base"), *parts[7:]))
 
         def get_model_kwargs(self, use_padding: bool = False) -> dict:
             return dict(self._kwargs) if self._kwargs is not None else {}

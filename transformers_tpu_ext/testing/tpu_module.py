@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
+from . import pallas as _pallas
 from . import tpu_distributed as distributed  # noqa: F401 - part of the public surface
 from .chips import CHIPS
 from .compile_cache import (  # noqa: F401 - torch_tpu's private cache functions, ``torch.tpu._*``
@@ -337,5 +338,6 @@ def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
 compiler = types.SimpleNamespace()
 ops = types.SimpleNamespace()
 optimizers = types.SimpleNamespace()
-pallas = types.SimpleNamespace()
+# jax_op runs the JAX function (for the kernels it knows, their reference) on the CPU data: see .pallas
+pallas = types.SimpleNamespace(jax_op=_pallas.jax_op, get_pallas_mesh=_pallas.get_pallas_mesh)
 profiler = types.SimpleNamespace()

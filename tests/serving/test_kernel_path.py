@@ -1,0 +1,98 @@
+"""Which attention a TPU serving step runs (``serving.kernel_path``): pure, milliseconds.
+
+The "safe when" predicate of JAX's ragged paged attention kernel, the head tiling rule it mirrors, and
+the K/V bytes each path reads on a workload of mixed lengths (16 to 1,000 tokens).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from transformers_tpu_ext.serving import kernel_path
+from transformers_tpu_ext.serving import policy as serving
+from transformers_tpu_ext.serving.kernel_path import KernelFacts, attention_path
+
+ARGS = (*kernel_path.KERNEL_ARGS, "sm_scale", "sliding_window", "soft_cap", "mask_value", "k_scale", "v_scale")
+TAKEN = KernelFacts(jax="0.10.2", kernel_args=ARGS, jax_op=True, head_dim=128, heads=8, kv_heads=2, dtype="bfloat16")
+
+
+def test_a_model_the_kernel_takes_runs_it():
+    assert attention_path(TAKEN) == ("ragged", "JAX 0.10.2 ragged paged attention through torch.tpu.pallas.jax_op")
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(setting="paged"), "TRANSFORMERS_TPU_EXT_SERVE_ATTENTION=paged"),
+        (dict(jax=None), "JAX is not installed"),
+        (dict(kernel_args=()), "JAX 0.10.2 has no ragged paged attention kernel with combined K/V pages"),
+        # JAX's first kernel took keys and values as two page arrays
+        (dict(kernel_args=("q", "k_pages", "v_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")), "no ragged"),
+        (dict(kernel_args=kernel_path.KERNEL_ARGS), "no ragged"),  # no sliding window / soft cap arguments
+        (dict(jax_op=False), "no torch.tpu.pallas.jax_op"),
+        (dict(attention_sinks=True), "attention sinks"),
+        (dict(kv_cache="int8"), "k_scale/v_scale are one static float per cache"),
+        (dict(dtype="float16"), "float16"),
+        (dict(head_dim=64), "head size 64 (the kernel takes multiples of 128)"),
+        (dict(head_dim=96), "head size 96"),
+        (dict(heads=6, kv_heads=4), "6 query heads for 4 key-value heads"),
+        (dict(heads=6, kv_heads=3), "3 key-value heads in bfloat16"),
+    ],
+)
+def test_what_the_kernel_cannot_take_runs_the_present_path(change, reason):
+    path, why = attention_path(KernelFacts(**{**TAKEN.__dict__, **change}))
+    assert path == "paged" and reason in why
+
+
+def test_head_sizes_that_are_multiples_of_128_are_taken():
+    for head_dim in (128, 256):
+        assert attention_path(KernelFacts(**{**TAKEN.__dict__, "head_dim": head_dim}))[0] == "ragged"
+
+
+@pytest.mark.parametrize(
+    "kv_heads, itemsize, tiles",
+    [(1, 4, True), (2, 4, True), (3, 4, False), (4, 4, True), (8, 4, True), (12, 4, True), (6, 4, False),
+     (1, 2, True), (2, 2, True), (4, 2, True), (3, 2, False), (8, 2, True), (16, 2, True), (12, 2, False)],
+)
+def test_the_head_tiling_rule_is_the_kernels(kv_heads, itemsize, tiles):
+    # get_min_heads_per_blk: 2 * kv_heads combined heads in 32-bit rows, 1, 2, 4, 8 or a multiple of 8 rows
+    assert kernel_path.heads_tile(kv_heads, itemsize) is tiles
+
+
+def test_the_attention_setting_is_checked_and_read_from_the_environment():
+    assert serving.current({"TRANSFORMERS_TPU_EXT_SERVE_ATTENTION": "PAGED"}).attention == "paged"
+    assert serving.current({}).attention == "auto"
+    problems = serving.check_environment({"TRANSFORMERS_TPU_EXT_SERVE_ATTENTION": "flash"})
+    assert len(problems) == 1 and "TRANSFORMERS_TPU_EXT_SERVE_ATTENTION" in problems[0] and "auto" in problems[0]
+
+
+def test_byte_counts():
+    per_token = 2 * 8 * 128 * 2  # keys and values, 8 kv heads of 128, bf16
+    assert kernel_path.held_kv_bytes([1, 17, 32], per_token) == 50 * per_token
+    assert kernel_path.kernel_kv_bytes([1, 17, 32], 16, per_token) == (1 + 2 + 2) * 16 * per_token
+    assert kernel_path.gathered_kv_bytes(16, 2048, per_token) == 16 * 2048 * per_token
+
+
+def test_a_decode_step_over_mixed_lengths_reads_about_what_it_holds():
+    """16 to 1,000 tokens per request, 64 requests decoding, at the default max length (2048, pages of 128)."""
+    rng = random.Random(0)
+    max_len = serving.DEFAULT_MAX_LEN
+    page = serving.page_size_for(max_len)
+    per_token = 2 * 8 * 128 * 2
+    for _ in range(20):
+        lens = [rng.randint(16, 1000) for _ in range(64)]
+        held = kernel_path.held_kv_bytes(lens, per_token)
+        read = kernel_path.kernel_kv_bytes(lens, page, per_token)
+        gathered = kernel_path.gathered_kv_bytes(64, serving.blocks_per_request(max_len, page) * page, per_token)
+        assert held <= read <= 1.25 * held
+        assert gathered / held > 3  # the present path: max_len / mean context (about 4)
+
+
+def test_the_docs_table_is_the_predicates():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    begin = text.index(kernel_path.BEGIN) + len(kernel_path.BEGIN)
+    assert text[begin : text.index(kernel_path.END, begin)].strip() == kernel_path.path_table()

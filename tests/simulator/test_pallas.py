@@ -1,0 +1,97 @@
+"""The simulated ``torch.tpu.pallas.jax_op`` (``transformers_tpu_ext.testing.pallas``; needs JAX).
+
+JAX's ragged paged attention kernel through ``jax_op`` runs the kernel's reference on the same inputs
+(eagerly and inside a graph the ``"tpu"`` backend compiled), counts the K/V bytes of the pages each
+sequence's ``kv_len`` covers, and refuses what the kernel refuses when a chip traces it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow  # the first call of the kernel's reference compiles JAX's CPU ops (~30 s)
+
+rpa = pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
+
+from transformers_tpu_ext.testing import pallas  # noqa: E402
+
+HEADS, KV_HEADS, DIM, PAGE, PAGES, SEQS, WIDTH = 4, 2, 128, 16, 32, 4, 4
+
+
+@pytest.fixture(scope="module")
+def op(plugin_patches_off):
+    from transformers_tpu_ext import testing
+
+    testing.install(chips=1)
+    return torch.tpu.pallas.jax_op(
+        "tests_pallas::ragged_paged_attention", functools.partial(rpa.ragged_paged_attention, sm_scale=0.125)
+    )
+
+
+def _inputs(head_dim=DIM, kv_heads=KV_HEADS, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(16, HEADS, head_dim, generator=gen).to(dtype)
+    kv = torch.randn(PAGES, PAGE, 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    kv_lens = torch.tensor([5, 20, 1, 0], dtype=torch.int32)  # a prefill of 5, a chunk of 3 after 17, a decode
+    pages = torch.tensor([[3, 4, 0, 0], [7, 9, 11, 0], [2, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)
+    cu_q_lens = torch.tensor([0, 5, 8, 9, 9], dtype=torch.int32)
+    num_seqs = torch.tensor([3], dtype=torch.int32)
+    return [q, kv, kv_lens, pages, cu_q_lens, num_seqs]
+
+
+def _reference(args):
+    import jax.numpy as jnp
+
+    arrays = [jnp.asarray(a.float().numpy() if a.is_floating_point() else a.numpy()) for a in args]
+    return torch.from_numpy(__import__("numpy").asarray(rpa.ref_ragged_paged_attention(*arrays, sm_scale=0.125)).copy())
+
+
+def test_jax_op_runs_the_kernels_reference_on_the_tpu_and_counts_the_pages_it_reads(op):
+    args = _inputs()
+    pallas.STATS.reset()
+    out = op(*[a.to("tpu") for a in args])
+    assert out.device.type == "tpu" and out.shape == args[0].shape and out.dtype == torch.float32
+    expected = _reference(args)  # 9 real rows; the padding rows are zeros
+    torch.testing.assert_close(out.cpu()[:9], expected)
+    assert torch.count_nonzero(out.cpu()[9:]) == 0
+    # pages of kv_len 5, 20 and 1 (the padding sequence past num_seqs reads nothing)
+    assert pallas.STATS.calls == 1
+    assert pallas.STATS.kv_bytes_read == (1 + 2 + 1) * PAGE * 2 * KV_HEADS * DIM * 4
+
+
+def test_jax_op_runs_inside_a_compiled_graph(op, simulated_tpu):
+    args = [a.to("tpu") for a in _inputs()]
+    compiled = torch.compile(lambda *a: op(*a) * 2, backend="tpu")
+    before = simulated_tpu.counters()
+    out = compiled(*args)
+    assert (simulated_tpu.counters() - before).graphs_compiled == 1
+    torch.testing.assert_close(out.cpu(), 2 * op(*args).cpu())
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda a: a.__setitem__(2, a[2].long()), ValueError, "must be int32"),
+        (lambda a: a.__setitem__(0, a[0][:, :, :64].contiguous()) or a.__setitem__(1, a[1][..., :64].contiguous()),
+         ValueError, "ragged_paged_attention cannot take"),  # head size 64: the kernel's trace refuses it
+        (lambda a: a.__setitem__(0, torch.randn(16, 6, DIM)) or a.__setitem__(1, torch.randn(PAGES, PAGE, 6, DIM)),
+         ValueError, "can not be XLA fully tiled"),  # 3 key-value heads in float32
+        (lambda a: a.__setitem__(0, a[0].to(torch.complex64)), NotImplementedError, "Unsupported dtype for pallas kernels"),
+        (lambda a: a.__setitem__(2, torch.tensor([5, 70, 1, 0], dtype=torch.int32)), ValueError, "pages_per_seq"),
+    ],
+)
+def test_jax_op_refuses_what_the_kernel_refuses(op, change, error, message):
+    args = _inputs()
+    change(args)
+    with pytest.raises(error, match=message):
+        op(*[a.to("tpu") for a in args])
+
+
+def test_jax_op_takes_tensors_only_and_one_chip(op):
+    with pytest.raises(NotImplementedError, match="one chip"):
+        torch.tpu.pallas.jax_op("tests_pallas::meshed", rpa.ragged_paged_attention, mesh=object())
+    with pytest.raises(NotImplementedError, match="one chip"):
+        torch.tpu.pallas.get_pallas_mesh(("x",), (1,))
