@@ -4,7 +4,8 @@
     python scripts/gen_docs_tables.py --check   # exit 1 if a table is out of date
 
 Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``),
-between its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
+between its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers, and its
+"Models whose rotary embedding reads the length" (``transformers_tpu_ext.length_readers.length_table``).
 ``tests/generation/test_generation_paths_table.py`` fails when the docs and the policy differ.
 """
 
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     text = page.read_text()
     begin, end = text.index(paths.BEGIN) + len(paths.BEGIN), text.index(paths.END)
     updated = text[:begin] + "\n" + paths.path_table() + "\n" + text[end:]
+    from transformers_tpu_ext import length_readers
+
+    begin, end = updated.index(length_readers.BEGIN) + len(length_readers.BEGIN), updated.index(length_readers.END)
+    updated = updated[:begin] + "\n" + length_readers.length_table() + "\n" + updated[end:]
     if updated == text:
         return 0
     if args.check:

@@ -190,7 +190,8 @@ def generation_plan(
         why.append("your prefill_chunk_size: padding would move its chunks across the rotary threshold")
     if exact:
         return LengthPlan(False, "; ".join(why) or "the prompt stays within the rotary threshold", pad, chunk)
-    why.append(f"the prompt ({longest} tokens) passes the rotary threshold: prefilled in one piece")
+    if caller_chunk is None:
+        why.append(f"the prompt ({longest} tokens) passes the rotary threshold: prefilled in one piece")
     return LengthPlan(False, "; ".join(why), pad, None)
 
 
@@ -262,3 +263,51 @@ def _defined_by(cls: type, name: str) -> str | None:
         if name in vars(klass):
             return klass.__module__
     return None
+
+
+#: The markers of the generated table in docs/generation.md (``python scripts/gen_docs_tables.py``).
+BEGIN = "<!-- generated: transformers_tpu_ext.length_readers.length_table() -->"
+END = "<!-- end of generated length table -->"
+
+_PHI35 = ModelLengths((Rotary("longrope", 4096),), resets_cache_at=4096)
+_DYNAMIC_4K = ModelLengths((Rotary("dynamic", 4096),))
+#: (model, what the call is, columns, longest row, new tokens, the bucket's prompt columns, the plugin's chunk, yours)
+_EXAMPLES: tuple[tuple[str, str, ModelLengths, int, int, int, int | None, int | None, int | None], ...] = (
+    ("any model whose rotary frequencies are fixed (`default`, `linear`, `yarn`, `llama3`, `proportional`)",
+     "any prompt", ModelLengths((Rotary("default"),)), 5000, 5000, 100, 5056, 64, None),
+    ("dynamic NTK (`rope_type=\"dynamic\"`, `max_position_embeddings=4096`)", "a 3,000-token prompt",
+     _DYNAMIC_4K, 3000, 3000, 200, 3008, 64, None),
+    ("dynamic NTK", "a 6,000-token prompt", _DYNAMIC_4K, 6000, 6000, 200, 6016, 64, None),
+    ("dynamic NTK", "a 6,000-token prompt, your `prefill_chunk_size=512`", _DYNAMIC_4K, 6000, 6000, 200, 6016, 64, 512),
+    ("Phi-3.5-mini (`rope_type=\"longrope\"`, `original_max_position_embeddings=4096`)",
+     "a 3,000-token prompt, 200 new tokens", _PHI35, 3000, 3000, 200, 3008, 64, None),
+    ("Phi-3.5-mini", "a 4,000-token prompt, 90 new tokens (the bucket's 4,016 columns would pass 4,096)",
+     _PHI35, 4000, 4000, 90, 4016, 64, None),
+    ("Phi-3.5-mini", "a 4,000-token prompt, 200 new tokens (the sequence passes 4,096)", _PHI35, 4000, 4000, 200, 4016, 64, None),
+    ("Phi-3.5-mini", "a 6,000-token prompt", _PHI35, 6000, 6000, 200, 6016, 64, None),
+    ("a rotary type the plugin does not know (a user's entry in `ROPE_INIT_FUNCTIONS`)", "any prompt",
+     ModelLengths((Rotary("my_rope"),)), 100, 100, 10, 128, 64, None),
+)
+
+
+def length_table() -> str:
+    """The markdown table of docs/generation.md's "Models whose rotary embedding reads the length"."""
+    lines = ["| model | call | path | padded to buckets | prefill | why |", "|---|---|---|---|---|---|"]
+    for model_text, call, model, columns, longest, new, padded, chunk, yours in _EXAMPLES:
+        if not model:
+            lines.append(f"| {model_text} | {call} | the plugin's | yes | in chunks of {chunk} | frequencies fixed at load |")
+            continue
+        plan_chunk = chunk if padded > chunk else None
+        plan = generation_plan(model, columns=columns, longest=longest, new_tokens=new, padded=padded,
+                               chunk=plan_chunk, caller_chunk=yours)
+        if plan.upstream:
+            lines.append(f"| {model_text} | {call} | Transformers', untouched | — | — | {plan.reason} |")
+            continue
+        if yours is not None:
+            prefill = f"your chunks of {yours}"
+        elif plan.chunk is None:
+            prefill = "in one piece"
+        else:
+            prefill = f"in chunks of {plan.chunk}"
+        lines.append(f"| {model_text} | {call} | the plugin's | {'yes' if plan.pad else 'no'} | {prefill} | {plan.reason} |")
+    return "\n".join(lines)

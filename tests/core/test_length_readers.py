@@ -174,3 +174,11 @@ def test_plan_batch_applies_the_limits():
     # evaluation: NEFTune adds no noise there
     evaluation = buckets.SourceFacts(training=False, cuts_outputs=True, neftune=True)
     assert not isinstance(buckets.plan_batch(shapes, ladder=ladder, source=evaluation, pad_rows=False), str)
+
+
+def test_the_docs_table_is_the_predicates():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text()
+    begin, end = text.index(lr.BEGIN) + len(lr.BEGIN), text.index(lr.END)
+    assert text[begin:end].strip() == lr.length_table(), "run: python scripts/gen_docs_tables.py"
