@@ -3,9 +3,10 @@
     python scripts/gen_docs_tables.py           # rewrite in place
     python scripts/gen_docs_tables.py --check   # exit 1 if a table is out of date
 
-Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``), and
-docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``), each between its
-``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
+Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``) and
+"Models whose rotary embedding reads the length" (``transformers_tpu_ext.length_readers.length_table``),
+and docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``), each between
+its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
 ``tests/generation/test_generation_paths_table.py`` fails when the docs and the policy differ.
 """
 
@@ -23,15 +24,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if a table is out of date")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from transformers_tpu_ext import length_readers
     from transformers_tpu_ext.generation import paths
     from transformers_tpu_ext.serving import kernel_path
 
+    tables = (
+        ("generation.md", paths.BEGIN, paths.END, paths.path_table),
+        ("generation.md", length_readers.BEGIN, length_readers.END, length_readers.length_table),
+        ("serving.md", kernel_path.BEGIN, kernel_path.END, kernel_path.path_table),
+    )
     status = 0
-    for name, module in (("generation.md", paths), ("serving.md", kernel_path)):
+    for name in dict.fromkeys(name for name, *_ in tables):
         page = ROOT / "docs" / name
-        text = page.read_text()
-        begin, end = text.index(module.BEGIN) + len(module.BEGIN), text.index(module.END, text.index(module.BEGIN))
-        updated = text[:begin] + "\n" + module.path_table() + "\n" + text[end:]
+        text = updated = page.read_text()
+        for _, begin_mark, end_mark, table in (t for t in tables if t[0] == name):
+            begin = updated.index(begin_mark) + len(begin_mark)
+            end = updated.index(end_mark, begin)
+            updated = updated[:begin] + "\n" + table() + "\n" + updated[end:]
         if updated == text:
             continue
         if args.check:

@@ -15,7 +15,9 @@ from typing import Any
 
 from . import policy
 from .call import CURRENT, CallState, bind, custom_masks, in_handled_call, report_failure
+from .sampling import draws_on_device
 from .views import CriteriaView, ProcessorsView, on_device
+
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -40,7 +42,9 @@ def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         if not path.device or mask is None:
             if padding:
                 arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
-            return wrapped(**arguments)
+            # Upstream's loop samples on the host here: its draws go to the TPU's generator, as unpatched.
+            with draws_on_device(instance.device, bool(arguments["generation_config"].do_sample)):
+                return wrapped(**arguments)
         # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
         # afresh; an error here (the model's, or ours) is the call's error.
         from .device_decode import sample_on_device
@@ -143,4 +147,5 @@ def beam_search(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # Beams of one prompt share its mask, and upstream only appends ones: the call's mask holds.
     masks = policy.mask_path(_loop_facts(instance, state, {**arguments, "logits_processor": ()}))
     with _device_mask(instance, state, arguments, masks):
-        return wrapped(**arguments)
+        with draws_on_device(instance.device, bool(arguments["generation_config"].do_sample)):  # beam sampling
+            return wrapped(**arguments)

@@ -16,6 +16,7 @@ import logging
 import sys
 from typing import Any
 
+from .. import length_readers
 from ..backend import is_tpu
 from ..wrapping import warn_once
 from . import config as settings_module
@@ -134,6 +135,10 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         if facts.cache_implementation == "quantized":
             warn_once(policy.kv_cache_choice(policy.KVFacts(None, "quantized"), settings.kv_cache)[1])
         return None
+    lengths = _length_plan(model, call, generation_config, settings, plan)
+    if lengths is not None and lengths.upstream:
+        logger.debug("transformers-tpu-ext: generate() left to upstream: %s", lengths.reason)
+        return None
     logger.debug(
         "transformers-tpu-ext: generate() handled: %s static cache; %s",
         "the plugin's default" if plan.static_cache else "the caller's",
@@ -192,6 +197,15 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         # prompt exactly a rung long moves to the next rung; measured: without the column, 16-,
         # 32- and 64-token prompts compile one more graph each after warmup.)
         shapes = settings.plan(real_rows, length, 1, min_padding=int(bool(mask.all())))
+        prefill_chunk = shapes.chunk
+        if lengths is not None:
+            # A rotary embedding that reads the length: padding only where it moves no threshold,
+            # and the prompt in one piece where chunks would see other frequencies (length_readers).
+            lengths = _length_plan(model, call, generation_config, settings, plan, mask, shapes)
+            logger.debug("transformers-tpu-ext: rotary embedding reads the length: %s", lengths.reason)
+            if not lengths.pad:
+                shapes = type(shapes)(shapes.batch, length, length, shapes.cache)
+            prefill_chunk = lengths.chunk if lengths.chunk is not None else shapes.prompt
         pad = shapes.prompt - length
         padded_rows = shapes.batch if plan.pad_batch else real_rows
         if pad:
@@ -212,7 +226,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             and generation_config.prefill_chunk_size is None
             and not generation_config.disable_compile
         ):
-            set_option("prefill_chunk_size", shapes.chunk)
+            set_option("prefill_chunk_size", prefill_chunk)
             state.forced_chunk = True
     return call, state, out_device
 
@@ -233,6 +247,36 @@ def _callbacks_on_caller_device(call: dict, state: CallState, device: Any) -> No
     state.user_callbacks = frozenset(id(callback) for callback in user)
     if function is not None:
         call["prefix_allowed_tokens_fn"] = ids_on(function, device)
+def _length_plan(
+    model: Any, call: dict, generation_config: Any, settings: Any, plan: Any, mask: Any = None, shapes: Any = None
+) -> Any:
+    """``length_readers.generation_plan`` for a model whose rotary embedding reads the length, else ``None``."""
+    import torch
+
+    readers = length_readers.model_lengths(model)
+    if not readers:
+        return None
+    main = call.get("inputs") if call.get("inputs") is not None else call.get("input_ids")
+    if not isinstance(main, torch.Tensor) or main.dim() < 2:
+        main = call.get("inputs_embeds")
+    columns = int(main.shape[1]) if isinstance(main, torch.Tensor) and main.dim() >= 2 else 0
+    # Before the tensors reach the CPU only the columns count (whether the call is upstream's); the
+    # mask (the longest row) is read for the bucket plan, on the CPU.
+    longest = int(mask.sum(dim=-1).max()) if isinstance(mask, torch.Tensor) and mask.dim() == 2 else columns
+    if generation_config.max_new_tokens is not None:
+        new_tokens = int(generation_config.max_new_tokens)
+    else:
+        new_tokens = int(generation_config.max_length or 0) - columns
+    bucketed = shapes is not None and plan.bucket
+    return length_readers.generation_plan(
+        readers,
+        columns=columns,
+        longest=longest,
+        new_tokens=new_tokens,
+        padded=shapes.prompt if bucketed else None,
+        chunk=shapes.chunk if bucketed and shapes.chunk < shapes.prompt else None,
+        caller_chunk=generation_config.prefill_chunk_size,
+    )
 
 
 _GENERATE_PARAMETERS = {

@@ -34,6 +34,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..ladders import geometric_ladder, round_up
+from ..length_readers import ModelLengths, padding_limit
 
 __all__ = [
     "IGNORE_INDEX",
@@ -146,6 +147,8 @@ class ModelFacts:
     accepts_attention_mask: bool = True
     extra_outputs: bool = False
     aux_loss: bool = False
+    #: What in it reads the length of the forward pass (rotary types whose frequencies depend on it).
+    lengths: ModelLengths = ModelLengths()
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ class SourceFacts:
     cuts_outputs: bool = False
     returns_inputs: bool = False
     keeps_rows: bool = False
+    neftune: bool = False  # NEFTune noise on the input embeddings (neftune_noise_alpha)
 
 
 @dataclass(frozen=True)
@@ -299,12 +303,18 @@ def plan_batch(
                 return f"{key!r} has a sequence axis and no known padding value"
         if cap is not None and longest > cap:
             return f"sequences of {longest} tokens are longer than the model's {cap} positions"
+        # What reads the padded length (rotary thresholds, NEFTune): a rung that keeps it exact, or none.
+        limit = padding_limit(model.lengths, longest, neftune=source.neftune and source.training)
+        if isinstance(limit, str):
+            return limit
         if index == 0 and length is not None:
             target = max(length, longest)
         else:
             target = choose_length(longest, ladder, used, reuse)
         if cap is not None:
             target = min(target, cap)
+        if limit is not None:
+            target = min(target, limit)
         lengths.update({k: target for k in side})
         padded_sides.append((target, longest))
     if add_mask:

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..length_readers import model_lengths
 from . import buckets as batch_buckets
 
 __all__ = ["POOLS_FIRST_TOKEN", "model_facts", "packs", "source_facts", "unwrap"]
@@ -109,6 +110,7 @@ def model_facts(model: Any) -> batch_buckets.ModelFacts:
         accepts_attention_mask=_accepts(model, "attention_mask"),
         extra_outputs=any(bool(getattr(text, k, False)) for k in ("output_hidden_states", "output_attentions", "output_router_logits")),
         aux_loss=bool(getattr(text, "output_router_logits", False)),
+        lengths=model_lengths(base),
     )
 
 
@@ -176,4 +178,5 @@ def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.So
         cuts_outputs=_defined_by(trainer, "prediction_step") in _UPSTREAM_PREDICTION_STEP,
         returns_inputs="inputs" in (getattr(args, "include_for_metrics", None) or ()),
         keeps_rows=known,
+        neftune=getattr(args, "neftune_noise_alpha", None) is not None,
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import buckets as batch_buckets
 from . import policy as training_policy
+from ..length_readers import ModelLengths, Rotary
 from .buckets import ModelFacts, SourceFacts
 
 __all__ = ["BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
@@ -52,7 +53,13 @@ class BatchCase:
     model: ModelFacts = _CAUSAL
     source: SourceFacts = _TRAIN
     dtypes: Mapping[str, str] = field(default_factory=dict)
+    used: tuple[int, ...] = ()  # rungs earlier batches compiled
 
+
+_DYNAMIC = ModelFacts(pad_token_id=0, max_positions=8192, lengths=ModelLengths((Rotary("dynamic", 8192),)))
+_LONGROPE = ModelFacts(
+    pad_token_id=0, max_positions=131072, lengths=ModelLengths((Rotary("longrope", 4096),), resets_cache_at=4096)
+)
 
 BATCH_CASES: tuple[BatchCase, ...] = (
     BatchCase("causal LM, `DataCollatorForLanguageModeling`", "4 × 70 tokens", _lm(4, 70)),
@@ -148,6 +155,24 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         "another per-token tensor", "`input_ids`, `labels`, `my_weights` `(4, 40)`",
         {**_lm(4, 40), "my_weights": (4, 40)},
     ),
+    BatchCase(
+        "dynamic NTK RoPE (`rope_type=\"dynamic\"`, `max_position_embeddings=8192`)", "4 × 8000 tokens", _lm(4, 8000),
+        model=_DYNAMIC,
+    ),
+    BatchCase(
+        "dynamic NTK RoPE, a batch as long as `max_position_embeddings`", "3 × 8192 tokens", _lm(3, 8192),
+        model=_DYNAMIC,
+    ),
+    BatchCase(
+        "LongRoPE (Phi-3.5, `original_max_position_embeddings=4096`), the 6144 rung compiled", "4 × 4000 tokens",
+        _lm(4, 4000), model=_LONGROPE, used=(6144,),
+    ),
+    BatchCase(
+        "LongRoPE (Phi-3.5), past the original context", "4 × 5000 tokens", _lm(4, 5000), model=_LONGROPE,
+    ),
+    BatchCase(
+        "`neftune_noise_alpha=5` (NEFTune)", "4 × 70 tokens", _lm(4, 70), source=SourceFacts(neftune=True),
+    ),
 )
 
 
@@ -179,6 +204,15 @@ def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
     capped = [p for p, _ in plan.sides if p in (model.max_positions, model.max_decoder_positions) and p not in _LADDER]
     if capped:
         reasons.append(f"capped at the model's {capped[0]} positions")
+    for rotary in model.lengths.readers:
+        longest = max(original for _, original in plan.sides)
+        if rotary.rope_type == "dynamic":
+            kept = "below it" if longest < rotary.threshold else "at the collated length"
+            reasons.append(f"dynamic RoPE: its frequencies follow the padded length past {rotary.threshold}, kept {kept}")
+        elif longest <= rotary.threshold:
+            reasons.append(f"LongRoPE: short factors up to {rotary.threshold} positions, padding kept within them")
+        else:
+            reasons.append(f"LongRoPE: past {rotary.threshold} the long factors whatever the padding")
     if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
         reasons.append("added rows have labels -100")
     elif source.keeps_rows and source.training:
@@ -208,7 +242,7 @@ def batch_table(cases: Sequence[BatchCase] = BATCH_CASES) -> str:
     for case in cases:
         plan = batch_buckets.plan_batch(
             case.shapes, ladder=_LADDER, batch_size=_BATCH, pad_rows=case.source.training, dtypes=case.dtypes,
-            model=case.model, source=case.source,
+            model=case.model, source=case.source, used=case.used,
         )
         if isinstance(plan, str):
             lines.append(f"| {case.what} | {case.batch} | left as the collator made it | {plan} |")
