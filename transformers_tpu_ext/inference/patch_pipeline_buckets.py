@@ -44,10 +44,10 @@ def _forward(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: di
     model = _model_on_tpu(instance)
     if model is None:
         return wrapped(*args, **kwargs)
-    inputs = args[0] if args else kwargs.get("model_inputs")
+    inputs = args[0] if args else kwargs.pop("model_inputs")
     calls = runtime.for_model(model, drop_cache=True)
-    with calls, calls.host_inputs(inputs):
-        return wrapped(*args, **kwargs)
+    with calls, calls.sent(inputs) as sent:
+        return wrapped(sent, *args[1:], **kwargs)
 
 
 _guarded = fail_safe(_forward)

@@ -14,6 +14,8 @@ Importing this module imports nothing heavy; torch is imported when a call is pa
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import threading
 import weakref
@@ -91,15 +93,38 @@ class Bucketed:
                 self._handles = []
 
     @contextlib.contextmanager
-    def host_inputs(self, inputs: Any) -> Iterator[None]:
-        """Within the block, device inputs equal in name, shape and dtype to a host tensor of ``inputs``
-        are padded from that host copy (no copy back from the device)."""
-        previous = getattr(self._local, "host", None)
-        self._local.host = {k: v for k, v in dict(inputs).items() if hasattr(v, "shape")} if isinstance(inputs, Mapping) else {}
+    def sent(self, inputs: Any) -> Iterator[Any]:
+        """``inputs`` (a host batch about to go to the model's device) with its per-token tensors padded
+        and sent now, each replaced by a view of its unpadded shape: whoever moves the batch moves
+        nothing more, and a call of the model with these views within the block runs on the padded
+        tensors themselves (no copy, no program). Anything else is ``inputs`` unchanged."""
+        import torch
+
+        previous = getattr(self._local, "sent", None)
+        self._local.sent = {}
         try:
-            yield
+            keys = [k for k in policy.PADDING if isinstance(inputs, Mapping) and isinstance(inputs.get(k), torch.Tensor)]
+            host = {k: inputs[k] for k in keys}
+            if not keys or any(t.device.type != "cpu" for t in host.values()):
+                yield inputs
+                return
+            plan = self._plan((), host)
+            if isinstance(plan, str):
+                yield inputs
+                return
+            padded = self._pad(host, dataclasses.replace(plan, add_mask=False))
+            views = {k: padded[k][: plan.original_rows, : plan.original_length] for k in keys}
+            self._local.sent = {id(view): (view, padded[k]) for k, view in views.items()}
+            if isinstance(inputs, dict):
+                moved = type(inputs)(inputs) if type(inputs) is not dict else dict(inputs)
+                moved.update(views)
+            else:  # a BatchEncoding (UserDict)
+                moved = copy.copy(inputs)
+                for key, view in views.items():
+                    moved[key] = view
+            yield moved
         finally:
-            self._local.host = previous
+            self._local.sent = previous
 
     # -- the hooks -------------------------------------------------------------------------------
     def _stack(self) -> list[Any]:
@@ -150,17 +175,19 @@ class Bucketed:
         import torch.nn.functional as F
 
         device = self._device()
-        host = getattr(self._local, "host", None) or {}
+        sent = getattr(self._local, "sent", None) or {}
         values = dict(kwargs)
+        full = {k: sent[id(values[k])][1] for k in plan.keys if id(values[k]) in sent and sent[id(values[k])][0] is values[k]}
+        if len(full) == len(plan.keys) and all(tuple(t.shape) == (plan.rows, plan.length) for t in full.values()):
+            values.update(full)  # already padded and sent (sent()): the padded tensors themselves
+            plan = dataclasses.replace(plan, keys=())
         if plan.add_mask:
             ids = kwargs["input_ids"]
             values["attention_mask"] = torch.ones(ids.shape, dtype=torch.long)
         for key in plan.keys + (("attention_mask",) if plan.add_mask else ()):
             tensor = values[key]
             if tensor.device.type != "cpu":
-                known = host.get(key)
-                same = known is not None and known.device.type == "cpu" and known.shape == tensor.shape and known.dtype == tensor.dtype
-                tensor = known if same else tensor.to("cpu")
+                tensor = tensor.to("cpu")  # padding on the device would compile a program per unpadded shape
             fill = policy.PADDING[key]
             tensor = F.pad(tensor, (0, plan.length - plan.original_length), value=plan.pad_token_id if fill is None else fill)
             if plan.rows > plan.original_rows:
