@@ -37,6 +37,11 @@ def test_a_rare_short_batch_reuses_a_longer_rung_already_run():
     assert plan_call(_text(4, 30), BERT, used={64}).length == 32  # 2x longer: its own rung
 
 
+def test_a_partial_batch_reuses_a_larger_row_count_already_run():
+    assert plan_call(_text(3, 20), BERT, used_rows={8}).rows == 8
+    assert plan_call(_text(3, 20), BERT, used_rows={2}).rows == 4
+
+
 def test_padding_never_passes_an_absolute_position_table():
     assert plan_call(_text(4, 60), BERT).length == 64
     assert plan_call(_text(4, 50), dataclasses.replace(BERT, max_positions=56)).length == 56

@@ -23,7 +23,7 @@ What reads the padded length, and how each is handled:
 - **RoPE**: only rope types whose angles do not depend on the sequence length (:data:`SAFE_ROPE`).
 - **``token_type_ids``**, ``position_ids``: padded with 0 under the mask.
 - **Rows**: a row is independent of the others in evaluation, so a batch is completed with copies
-  of its first row, cut off again; models whose rows or tokens share a budget (mixture-of-experts
+  of its first row (to a power of two, or to a larger row count already run), cut off again; models whose rows or tokens share a budget (mixture-of-experts
   routers with an expert capacity) are refused, as is a model in training mode (dropout).
 """
 
@@ -42,7 +42,10 @@ __all__ = [
     "TASKS",
     "CallPlan",
     "ModelFacts",
+    "ENCODER_MODULES",
+    "ENCODER_POOLING",
     "cut_fields",
+    "encoder_facts",
     "plan_call",
     "row_ladder",
     "sequence_ladder",
@@ -121,6 +124,7 @@ def plan_call(
     ladder: Sequence[int] = (),
     rows_ladder: Sequence[int] = (),
     used: Collection[int] = (),
+    used_rows: Collection[int] = (),
     reuse: float = 1.5,
     dtypes: Mapping[str, str] | None = None,
     options: Mapping[str, object] | None = None,
@@ -132,7 +136,9 @@ def plan_call(
     ``shapes`` maps each keyword argument to its tensor's shape (``None`` for anything else),
     ``dtypes`` each tensor to ``"int"``, ``"float"`` or ``"bool"``, ``options`` the non-tensor
     arguments (``use_cache``, ``output_hidden_states``...). ``positional``: how many positional
-    arguments the call has. ``drop_cache``: the caller never reads a KV cache (pipelines), so a
+    arguments the call has. ``used`` / ``used_rows``: the lengths and row counts already run; a
+    short batch reuses a length at most ``reuse`` times its own rung, a partial batch (the last one
+    of a pipeline) any larger row count already run. ``drop_cache``: the caller never reads a KV cache (pipelines), so a
     model that would return one is called with ``use_cache=False``.
     """
     ladder = ladder or sequence_ladder()
@@ -191,7 +197,8 @@ def plan_call(
     target = choose_length(length, ladder, used, reuse)
     if model.max_positions is not None:
         target = max(length, min(target, model.max_positions))
-    padded_rows = round_up(rows, rows_ladder)
+    own_rows = round_up(rows, rows_ladder)
+    padded_rows = min([r for r in used_rows if r >= own_rows], default=own_rows)
     return CallPlan(
         rows=padded_rows,
         length=target,
@@ -219,3 +226,29 @@ def cut_fields(task: str) -> tuple[str, ...]:
     """The output fields of a model of ``task`` whose axis 1 is a position (cut back to the real tokens);
     every other field is per row (only the rows are cut)."""
     return _PER_POSITION[task] + ("hidden_states",)
+
+
+#: sentence-transformers modules whose outputs are per row or read the tokens under the mask only.
+ENCODER_MODULES = frozenset({"Transformer", "Pooling", "Normalize", "Dense"})
+#: sentence-transformers pooling modes: every one weighs the tokens by the attention mask.
+ENCODER_POOLING = frozenset({"cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"})
+#: Fields of a sentence-transformers feature dict with a position axis after the rows.
+ENCODER_PER_POSITION = ("token_embeddings", "all_layer_embeddings", *PADDING)
+
+
+def encoder_facts(modules: Sequence[tuple[str, tuple[str, ...]]], inner: ModelFacts) -> ModelFacts | str:
+    """The facts of a sentence-transformers model (its modules' class names, each with its pooling
+    modes) whose Transformer module holds a model of facts ``inner``, or why it is not padded: only
+    known modules, and pooling modes that read the tokens under the mask."""
+    names = [name for name, _ in modules]
+    unknown = sorted(set(names) - ENCODER_MODULES)
+    if unknown:
+        return f"sentence-transformers modules that could read the padding: {', '.join(unknown)}"
+    if names.count("Transformer") != 1 or names[0] != "Transformer":
+        return "a sentence-transformers model that does not start with one Transformer module"
+    modes = {mode for _, found in modules for mode in found}
+    if not modes <= ENCODER_POOLING:
+        return f"pooling modes {sorted(modes - ENCODER_POOLING)} are not known"
+    if inner.task != "base":
+        return "a Transformer module whose model is not a base model"
+    return inner

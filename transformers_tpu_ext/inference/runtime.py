@@ -65,6 +65,7 @@ class Bucketed:
         self.drop_cache = drop_cache
         self.on_tpu_only = on_tpu_only
         self.used: set[int] = set()
+        self.used_rows: set[int] = set()
         self.reasons: dict[str, int] = {}
         self.padded = 0
         self._local = threading.local()
@@ -152,6 +153,7 @@ class Bucketed:
             return None
         self.padded += 1
         self.used.add(plan.length)
+        self.used_rows.add(plan.rows)
         return args, padded
 
     def _plan(self, args: tuple, kwargs: dict) -> policy.CallPlan | str:
@@ -163,10 +165,10 @@ class Bucketed:
         shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in kwargs.items()}
         dtypes = {k: _kind(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
         options = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
-        if options.get("return_dict") is False or not getattr(self.module.config, "return_dict", True):
+        if options.get("return_dict") is False or not getattr(getattr(self.module, "config", None), "return_dict", True):
             return "return_dict=False: tuple outputs whose fields could not be told apart"
         return policy.plan_call(
-            shapes, self.facts, ladder=self.ladder, used=self.used, reuse=self.reuse, dtypes=dtypes,
+            shapes, self.facts, ladder=self.ladder, used=self.used, used_rows=self.used_rows, reuse=self.reuse, dtypes=dtypes,
             options=options, positional=len(args), drop_cache=self.drop_cache,
         )
 
@@ -231,9 +233,10 @@ _by_model: weakref.WeakKeyDictionary[Any, Bucketed] = weakref.WeakKeyDictionary(
 def for_model(model: Any, **options: Any) -> Bucketed:
     """The one :class:`Bucketed` of ``model`` with these options (its ``used`` lengths shared by every caller)."""
     key = unwrap(model)
+    kind = options.pop("kind", Bucketed)
     found = _by_model.get(key)
-    if found is None or any(getattr(found, k) != v for k, v in options.items()):
-        found = _by_model[key] = Bucketed(model, **options)
+    if found is None or type(found) is not kind or any(getattr(found, k) != v for k, v in options.items()):
+        found = _by_model[key] = kind(model, **options)
     return found
 
 
@@ -249,7 +252,12 @@ def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5) ->
     and to a power-of-two number of rows, and its outputs are cut back; other calls run as they are
     (the reason logged once). Outputs of a padded call are on the model's device. On a machine
     without a TPU (or a model not on it) every call runs as it is. Enter it once per model; the
-    padded lengths used are remembered across blocks (``.used``).
+    padded lengths used are remembered across blocks (``.used``). A sentence-transformers
+    ``SentenceTransformer`` is padded around its whole forward (:mod:`.encoders`): its pooling runs on
+    the padded shapes, under the mask, and ``encode()`` reaches a steady state.
     """
-    found = for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse)
-    return found
+    if any(cls.__module__.startswith("sentence_transformers.") for cls in type(model).__mro__):
+        from .encoders import SentenceTransformerCalls
+
+        return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse, kind=SentenceTransformerCalls)
+    return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse)
