@@ -113,3 +113,9 @@ def test_per_position_fields_by_task():
     assert policy.cut_fields("question_answering") == ("start_logits", "end_logits", "hidden_states")
     assert policy.cut_fields("base")[0] == "last_hidden_state"
     assert policy.row_ladder()[:5] == (1, 2, 4, 8, 16)
+
+
+def test_only_pipelines_that_call_the_model_once_per_batch_are_bucketed():
+    assert policy.pipeline_path("TextClassificationPipeline") and policy.pipeline_path("FillMaskPipeline")
+    assert not policy.pipeline_path("TextGenerationPipeline")  # generate() buckets its own calls
+    assert not policy.pipeline_path("MyTextClassificationPipeline")  # a subclass of yours: upstream's

@@ -8,7 +8,9 @@ batch's own rows and lengths (:mod:`transformers_tpu_ext.inference.runtime`), wh
 :func:`transformers_tpu_ext.inference.policy.plan_call` proves the result unchanged: ``_forward``
 and ``postprocess`` see exactly what they see unpadded. The padding is made from the host copy of
 the inputs. Pipelines never read a KV cache, so a decoder's model call runs with ``use_cache=False``.
-Pipelines whose model is not on the TPU, and every non-TPU host, are upstream's.
+Only the pipelines of :data:`~transformers_tpu_ext.inference.policy.PIPELINES` (text generation
+buckets its own calls in ``generate()``); pipelines whose model is not on the TPU, and every non-TPU
+host, are upstream's.
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ def _model_on_tpu(pipeline: Any) -> Any:
 
 
 def _forward(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    from . import runtime
+    from . import policy, runtime
 
     model = _model_on_tpu(instance)
-    if model is None:
+    if model is None or not policy.pipeline_path(type(instance).__name__):
         return wrapped(*args, **kwargs)
     inputs = args[0] if args else kwargs.pop("model_inputs")
     calls = runtime.for_model(model, drop_cache=True)

@@ -42,10 +42,12 @@ __all__ = [
     "TASKS",
     "CallPlan",
     "ModelFacts",
+    "PIPELINES",
     "ENCODER_MODULES",
     "ENCODER_POOLING",
     "cut_fields",
     "encoder_facts",
+    "pipeline_path",
     "plan_call",
     "row_ladder",
     "sequence_ladder",
@@ -252,3 +254,21 @@ def encoder_facts(modules: Sequence[tuple[str, tuple[str, ...]]], inner: ModelFa
     if inner.task != "base":
         return "a Transformer module whose model is not a base model"
     return inner
+
+
+#: Pipelines whose ``_forward`` calls ``self.model(**inputs)`` once per batch and whose ``postprocess``
+#: reads its outputs by field (the tasks tests/inference/test_pipelines.py compares with the CPU).
+#: Others (text generation: ``generate()`` buckets its own calls; image, audio, ...) are upstream's.
+PIPELINES = frozenset({
+    "TextClassificationPipeline",
+    "TokenClassificationPipeline",
+    "FeatureExtractionPipeline",
+    "FillMaskPipeline",
+    "ZeroShotClassificationPipeline",
+})
+
+
+def pipeline_path(name: str) -> bool:
+    """Whether a pipeline of the class ``name`` is bucketed (exactly a class of :data:`PIPELINES`: a
+    subclass of yours may call the model another way, and runs as upstream's)."""
+    return name in PIPELINES
