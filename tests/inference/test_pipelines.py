@@ -21,7 +21,7 @@ from transformers_tpu_ext.testing.tiny_encoders import WORDS, random_texts, tiny
 
 from _inference import assert_same, steady  # noqa: E402
 
-pytestmark = pytest.mark.slow  # ~40 s: seven pipelines, each on the CPU and on the TPU
+pytestmark = pytest.mark.slow  # ~45 s in all: six pipelines, each on the CPU and on the TPU
 
 BATCH = 4
 
