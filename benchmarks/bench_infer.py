@@ -150,6 +150,12 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
             "wall_s": round(time.perf_counter() - start, 2),
             **_compare(got, expected),
         }
+        if plugin:
+            from transformers_tpu_ext.inference import runtime
+
+            calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None)
+            report[name].update(padded_calls=calls.padded, unpadded=calls.reasons, lengths=sorted(calls.used),
+                                rows=sorted(calls.used_rows))
     emit(report)
 
 
