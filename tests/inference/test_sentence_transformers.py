@@ -58,6 +58,7 @@ def test_encode_gives_the_cpus_embeddings_at_steady_state(simulated_tpu, no_infe
     model = _model(encoder_dir, mode, "tpu")
     with bucketed(model) as calls:
         got = _encode(model, first)
+        assert calls.padded > 0 and not calls.reasons, calls.reasons
         with steady(f"encode() with {mode} pooling"):
             more = _encode(model, texts[16:])
     assert calls.padded > 0 and not calls.reasons

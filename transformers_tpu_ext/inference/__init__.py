@@ -6,6 +6,7 @@
 - ``facts``: the predicate's facts read off a model (task, causality, pooling, positions, RoPE).
 - ``runtime``: ``bucketed(model)``, the opt-in API for a user's own loop, and the object the
   ``pipeline_buckets`` patch puts under every pipeline's forward on TPU.
+- ``encoders``: the same around a sentence-transformers model's whole forward (``encode()``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ __all__ = ["bucketed"]
 
 
 def bucketed(model: Any, **options: Any) -> Any:
-    """See :func:`transformers_tpu_ext.inference.runtime.bucketed`."""
-    from .runtime import bucketed as _bucketed
+    """Run ``model(**batch)`` calls at a few static shapes on TPU, with the unpadded results (see
+    :func:`transformers_tpu_ext.inference.runtime.bucketed`). A sentence-transformers
+    ``SentenceTransformer`` is padded around its whole forward, pooling included (:mod:`.encoders`)."""
+    from . import runtime
 
-    return _bucketed(model, **options)
+    if any(cls.__module__.startswith("sentence_transformers.") for cls in type(model).__mro__):
+        from .encoders import SentenceTransformerCalls
+
+        ladder = tuple(options.pop("ladder", ())) or runtime.policy.sequence_ladder()
+        return runtime.for_model(model, ladder=ladder, kind=SentenceTransformerCalls, **options)
+    return runtime.bucketed(model, **options)

@@ -252,12 +252,7 @@ def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5) ->
     and to a power-of-two number of rows, and its outputs are cut back; other calls run as they are
     (the reason logged once). Outputs of a padded call are on the model's device. On a machine
     without a TPU (or a model not on it) every call runs as it is. Enter it once per model; the
-    padded lengths used are remembered across blocks (``.used``). A sentence-transformers
-    ``SentenceTransformer`` is padded around its whole forward (:mod:`.encoders`): its pooling runs on
-    the padded shapes, under the mask, and ``encode()`` reaches a steady state.
+    padded lengths used are remembered across blocks (``.used``). (``transformers_tpu_ext.inference.bucketed``
+    also takes a sentence-transformers ``SentenceTransformer``: :mod:`.encoders`.)
     """
-    if any(cls.__module__.startswith("sentence_transformers.") for cls in type(model).__mro__):
-        from .encoders import SentenceTransformerCalls
-
-        return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse, kind=SentenceTransformerCalls)
     return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse)
