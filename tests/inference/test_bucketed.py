@@ -145,3 +145,15 @@ def test_bad_input_gives_the_cpus_result_or_error(tpu):
         pipe(too_long)  # not padded (longer than the table): upstream's own error
     calls = runtime.for_model(pipe.model, drop_cache=True)
     assert any("longer than the model's 64 positions" in reason for reason in calls.reasons)
+
+
+def test_the_registry_of_models_keeps_none_alive():
+    import gc
+    import weakref
+
+    model = tiny_encoder("base")
+    alive = weakref.ref(model)
+    runtime.for_model(model, drop_cache=True)
+    del model
+    gc.collect()
+    assert alive() is None

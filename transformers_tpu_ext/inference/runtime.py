@@ -57,7 +57,7 @@ class Bucketed:
 
     def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, drop_cache: bool = False,
                  on_tpu_only: bool = True) -> None:
-        self.model = model
+        self._model = weakref.ref(model)  # weak: the registry of for_model() must not keep models alive
         self.module = unwrap(model)
         self.facts = model_facts(model)
         self.ladder = tuple(ladder) or policy.sequence_ladder()
@@ -72,6 +72,18 @@ class Bucketed:
         self._depth = 0
         self._handles: list[Any] = []
         self._lock = threading.Lock()
+
+    @property
+    def model(self) -> Any:
+        return self._model()
+
+    @property
+    def module(self) -> Any:
+        return self._module()
+
+    @module.setter
+    def module(self, value: Any) -> None:
+        self._module = weakref.ref(value)
 
     # -- activation ------------------------------------------------------------------------------
     def __enter__(self) -> Bucketed:
