@@ -57,8 +57,8 @@ if [ ! -f "$stamp" ]; then
     fi
     echo "bootstrap: [2/3] installing $torch_pin, a CPU build (about 30 s)" >&2
     install_torch
-    echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl] and its dependencies (about 90 s; $((SECONDS - started)) s so far)" >&2
-    "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test,trl]"
+    echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl,embeddings] and its dependencies (about 90 s; $((SECONDS - started)) s so far)" >&2
+    "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test,trl,embeddings]"
     rm -f "$venv"/.transformers-tpu-ext-*
     touch "$stamp"
     echo "bootstrap: ready in $((SECONDS - started)) s" >&2

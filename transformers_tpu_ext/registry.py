@@ -49,6 +49,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "recompile_guard_generate": "compilation",
         "recompile_guard_serve": "compilation",
         "recompile_guard_train": "compilation",
+        "pipeline_buckets": "inference",
     }
 )
 

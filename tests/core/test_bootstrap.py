@@ -42,7 +42,7 @@ def _bootstrap(tmp_path: Path, *, local_wheel: bool, index_url: str) -> tuple[li
 def test_a_local_wheel_is_used_without_any_index(tmp_path):
     calls, err = _bootstrap(tmp_path, local_wheel=True, index_url="http://127.0.0.1:9/unused")
     assert calls[0].endswith("--no-index torch==2.13.0")
-    assert len(calls) == 2 and calls[1].endswith(f"-e {ROOT}[test,trl]")
+    assert len(calls) == 2 and calls[1].endswith(f"-e {ROOT}[test,trl,embeddings]")
     assert "from a local wheel" in err
 
 

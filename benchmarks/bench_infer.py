@@ -1,0 +1,199 @@
+"""Batch inference on the simulated TPU, with and without transformers-tpu-ext, in one run.
+
+    python benchmarks/bench_infer.py                 # 200 texts per workload (a few minutes on 2 cores)
+    python benchmarks/bench_infer.py --quick         # 40 texts (tests/inference/test_inference_benchmark.py)
+    python benchmarks/bench_infer.py --texts 1000 --output benchmarks/results/infer.json
+
+Workloads (tiny context-sensitive models built from configs, ``initializer_range=0.3``; texts of 1 to
+30 random words, seeded; batch size 8): the pipelines ``text-classification`` (a BERT and a
+Qwen3-shaped decoder classifier), ``token-classification``, ``feature-extraction``, ``fill-mask``,
+``zero-shot-classification`` (2 labels), and ``model_loop``: ``model(**batch)`` of a BERT encoder
+over tokenized batches left on the CPU, mean-pooled on the host (the plugin side inside
+``bucketed(model)``). Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
+one workload would be reused by the next):
+
+- ``plain``: plain Transformers 5.24 (``TRANSFORMERS_TPU_EXT_DISABLE=1``), ``device="tpu"``;
+- ``plugin``: transformers-tpu-ext, defaults.
+
+Printed JSON, per side and workload: programs compiled (graphs + eager per-shape programs) and
+host<->device bytes in the first and the second half of the texts, and the largest difference from
+plain Transformers on the CPU (``max_abs_diff``; labels compared exactly: ``labels_match``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from _common import emit, run_worker, worker_env, write_report
+
+HERE = Path(__file__).resolve().parent
+BATCH = 8
+WORKLOADS = ("text_classification", "decoder_classifier", "token_classification", "feature_extraction", "fill_mask",
+             "zero_shot", "model_loop")
+
+
+# -------------------------------------------------------------------------------------------------
+# Worker side
+
+
+def _numbers(value, out):
+    """Every number of a pipeline result, in order; strings (labels, words) apart."""
+    if isinstance(value, dict):
+        for key in value:
+            _numbers(value[key], out)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _numbers(item, out)
+    elif isinstance(value, str):
+        out[1].append(value)
+    elif hasattr(value, "tolist"):
+        _numbers(value.tolist(), out)
+    else:
+        out[0].append(float(value))
+    return out
+
+
+def _compare(got, expected) -> dict:
+    a, b = _numbers(got, ([], [])), _numbers(expected, ([], []))
+    same = len(a[0]) == len(b[0]) and a[1] == b[1]
+    diff = max((abs(x - y) for x, y in zip(a[0], b[0])), default=0.0) if same else None
+    return {"labels_match": same, "max_abs_diff": diff}
+
+
+def _workload(name: str):
+    """(pipeline task or None, model factory, tokenizer, texts transform, call kwargs)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from transformers_tpu_ext.testing import tiny
+    from transformers_tpu_ext.testing.tiny_encoders import tiny_bert_tokenizer, tiny_encoder
+
+    def decoder():
+        torch.manual_seed(0)
+        return AutoModelForSequenceClassification.from_config(tiny.tiny_config("qwen3", num_labels=3, pad_token_id=0)).eval()
+
+    bert = tiny_bert_tokenizer()
+    same = lambda texts: texts  # noqa: E731
+    return {
+        "text_classification": ("text-classification", lambda: tiny_encoder("sequence_classification"), bert, same, {"top_k": None}),
+        "decoder_classifier": ("text-classification", decoder, tiny.tiny_tokenizer(), lambda t: [s[:60] for s in t], {"top_k": None}),
+        "token_classification": ("token-classification", lambda: tiny_encoder("token_classification"), bert, same, {}),
+        "feature_extraction": ("feature-extraction", lambda: tiny_encoder("base"), bert, same, {}),
+        "fill_mask": ("fill-mask", lambda: tiny_encoder("masked_lm"), bert, lambda t: [f"{s} [MASK] tpu" for s in t], {}),
+        "zero_shot": ("zero-shot-classification", lambda: tiny_encoder("sequence_classification"), bert, same,
+                      {"candidate_labels": ["cake", "tpu"]}),
+        "model_loop": (None, lambda: tiny_encoder("base"), bert, same, {}),
+    }[name]
+
+
+def _loop(model, tokenizer, texts, plugin: bool):
+    import torch
+
+    results = []
+    context = __import__("transformers_tpu_ext.inference", fromlist=["bucketed"]).bucketed(model) if plugin else None
+    with (context if context is not None else torch.no_grad()), torch.no_grad():
+        for start in range(0, len(texts), BATCH):
+            batch = dict(tokenizer(texts[start:start + BATCH], padding=True, return_tensors="pt"))
+            if model.device.type != "cpu" and not plugin:
+                batch = {k: v.to(model.device) for k, v in batch.items()}
+            hidden = model(**batch).last_hidden_state.cpu()
+            mask = batch["attention_mask"].cpu().unsqueeze(-1)
+            results.extend(((hidden * mask).sum(1) / mask.sum(1)).tolist())
+    return results
+
+
+def worker(side: str, texts_count: int, workloads: list[str]) -> None:
+    import torch
+
+    from transformers_tpu_ext import testing
+
+    sim = testing.install(chips=1)
+    torch.set_num_threads(1)
+    from transformers import pipeline
+
+    from transformers_tpu_ext.testing.tiny_encoders import random_texts
+
+    plugin = side == "plugin"
+    report = {}
+    for name in workloads:
+        task, make, tokenizer, transform, call = _workload(name)
+        texts = transform(random_texts(texts_count, seed=1, longest=30))
+        half = len(texts) // 2
+        if task is None:
+            expected = _loop(make(), tokenizer, texts, plugin=False)
+            model = make().to("tpu")
+            run = lambda part: _loop(model, tokenizer, part, plugin)  # noqa: E731
+        else:
+            cpu = pipeline(task, model=make(), tokenizer=tokenizer, device="cpu")
+            # the same two calls: feature-extraction's vectors include the pipeline's own padding of each batch
+            expected = cpu(texts[:half], batch_size=BATCH, **call) + cpu(texts[half:], batch_size=BATCH, **call)
+            pipe = pipeline(task, model=make(), tokenizer=tokenizer, device="tpu")
+            run = lambda part: pipe(part, batch_size=BATCH, **call)  # noqa: E731
+        start = time.perf_counter()
+        before = sim.counters()
+        got = run(texts[:half])
+        middle = sim.counters()
+        got = got + run(texts[half:])
+        after = sim.counters()
+        first, second = middle - before, after - middle
+        report[name] = {
+            "texts": len(texts),
+            "programs_first_half": first.programs,
+            "programs_second_half": second.programs,
+            "h2d_bytes_first_half": first.h2d_bytes,
+            "h2d_bytes_second_half": second.h2d_bytes,
+            "d2h_bytes_first_half": first.d2h_bytes,
+            "d2h_bytes_second_half": second.d2h_bytes,
+            "wall_s": round(time.perf_counter() - start, 2),
+            **_compare(got, expected),
+        }
+        if plugin:
+            from transformers_tpu_ext.inference import runtime
+
+            calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None)
+            report[name].update(padded_calls=calls.padded, unpadded=calls.reasons, lengths=sorted(calls.used),
+                                rows=sorted(calls.used_rows))
+    emit(report)
+
+
+# -------------------------------------------------------------------------------------------------
+# Driver
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="40 texts per workload")
+    parser.add_argument("--texts", type=int, default=None, help="texts per workload (default 200)")
+    parser.add_argument("--sides", default="plain,plugin")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    count = args.texts or (40 if args.quick else 200)
+    workloads = [w for w in args.workloads.split(",") if w]
+    if args.worker:
+        worker(args.worker, count, workloads)
+        return 0
+    report: dict = {"texts": count, "batch_size": BATCH, "sides": {}}
+    for side in args.sides.split(","):
+        env = worker_env(TRANSFORMERS_TPU_EXT_DISABLE="1" if side == "plain" else None, PYTHONPATH=str(HERE.parent))
+        report["sides"][side] = {}
+        for name in workloads:  # a process each: programs one workload compiled are not counted for the next
+            report["sides"][side].update(run_worker(__file__, ["--worker", side, "--texts", str(count), "--workloads", name], env))
+    if {"plain", "plugin"} <= set(report["sides"]):
+        report["comparison"] = {
+            name: {
+                "plain_programs_second_half": report["sides"]["plain"][name]["programs_second_half"],
+                "plugin_programs_second_half": report["sides"]["plugin"][name]["programs_second_half"],
+            }
+            for name in workloads
+        }
+    write_report(report, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

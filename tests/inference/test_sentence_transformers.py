@@ -1,0 +1,75 @@
+"""sentence-transformers ``encode()`` on the simulated TPU through ``bucketed(model)``: the CPU's
+embeddings (each pooling mode) and a steady state; models with modules that could read the padding
+run as they are."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("sentence_transformers")
+
+from sentence_transformers import SentenceTransformer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer  # noqa: E402
+
+import transformers_tpu_ext as ext  # noqa: E402
+from transformers_tpu_ext.inference import bucketed, policy  # noqa: E402
+from transformers_tpu_ext.testing.tiny_encoders import random_texts, tiny_bert_tokenizer, tiny_encoder  # noqa: E402
+
+from _inference import steady  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bert")
+    tiny_encoder("base").save_pretrained(path)
+    tiny_bert_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def _model(path: str, mode: str, device: str) -> SentenceTransformer:
+    modules = [Transformer(path, max_seq_length=64), Pooling(32, pooling_mode=mode), Normalize()]
+    return SentenceTransformer(modules=modules, device=device).eval()
+
+
+@pytest.fixture
+def no_inference_mode(monkeypatch):
+    """encode() runs under torch.inference_mode(), in which the simulated TPU cannot slice a tensor made
+    outside it (BERT's position-ids buffer: "Cannot set version_counter for inference tensor", with or
+    without the plugin): the same methods, undecorated, under no_grad."""
+    for name in ("encode", "_inference"):
+        method = getattr(SentenceTransformer, name)
+        monkeypatch.setattr(SentenceTransformer, name, getattr(method, "__wrapped__", method))
+
+
+def _encode(model, texts):
+    with torch.no_grad():  # numpy out (the default): each batch's embeddings come to the host as they are made
+        return torch.from_numpy(model.encode(texts, batch_size=4))
+
+
+@pytest.mark.slow  # ~10 s each: the first pass runs every op of the model eagerly at each bucket
+@pytest.mark.parametrize("mode", ["cls", "mean", "lasttoken"])  # the others weigh the tokens by the mask too
+def test_encode_gives_the_cpus_embeddings_at_steady_state(simulated_tpu, no_inference_mode, encoder_dir, mode):
+    ext.activate()
+    texts = random_texts(24, seed=3, longest=30)
+    first = texts[:16] + ["cake " * 55] * 4  # the longest bucket: 57 tokens with [CLS] and [SEP]
+    cpu = _model(encoder_dir, mode, "cpu")
+    model = _model(encoder_dir, mode, "tpu")
+    with bucketed(model) as calls:
+        got = _encode(model, first)
+        assert calls.padded > 0 and not calls.reasons, calls.reasons
+        with steady(f"encode() with {mode} pooling"):
+            more = _encode(model, texts[16:])
+    assert calls.padded > 0 and not calls.reasons
+    expected = _encode(cpu, first + texts[16:])
+    assert torch.allclose(torch.cat([got, more]), expected, atol=1e-5)
+    assert not torch.allclose(expected[0], expected[1], atol=1e-3)
+
+
+def test_unknown_modules_run_as_they_are():
+    inner = policy.ModelFacts(task="base", pooling="none")
+    assert policy.encoder_facts([("Transformer", ()), ("Pooling", ("mean",))], inner) is inner
+    assert "LSTM" in policy.encoder_facts([("Transformer", ()), ("LSTM", ()), ("Pooling", ("mean",))], inner)
+    assert "not known" in policy.encoder_facts([("Transformer", ()), ("Pooling", ("median",))], inner)
+    assert "base model" in policy.encoder_facts([("Transformer", ()), ("Pooling", ("cls",))], policy.ModelFacts(task="masked_lm"))

@@ -1,0 +1,126 @@
+"""Which path an inference call takes, as ``docs/inference.md`` shows it: a table rendered from the predicate.
+
+Each case is plain data (a model's facts, a call's input shapes and options); its row runs
+:func:`transformers_tpu_ext.inference.policy.plan_call` and says what happens on TPU and why.
+``tests/inference/test_inference_paths.py`` re-renders the page's table and fails when the page and
+the code disagree. To rewrite the page::
+
+    python -m transformers_tpu_ext.inference.paths docs/inference.md
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .policy import CallPlan, ModelFacts, plan_call
+
+__all__ = ["CASES", "CallCase", "call_table", "render", "update"]
+
+_BERT = ModelFacts(task="sequence_classification", pooling="first", pad_token_id=0, max_positions=512)
+_DECODER = ModelFacts(task="sequence_classification", causal=True, pooling="last_non_pad", pad_token_id=0,
+                      max_positions=40960, returns_cache=True)
+
+
+def _text(rows: int = 3, length: int = 20, mask: bool = True, types: bool = False) -> dict[str, tuple[int, ...]]:
+    shapes = {"input_ids": (rows, length)}
+    if mask:
+        shapes["attention_mask"] = (rows, length)
+    if types:
+        shapes["token_type_ids"] = (rows, length)
+    return shapes
+
+
+@dataclass(frozen=True)
+class CallCase:
+    """A model, a call and who reads its outputs (``pipeline``: a pipeline, which never reads a KV cache)."""
+
+    what: str
+    model: ModelFacts
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=_text)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    pipeline: bool = True
+
+
+def _m(base: ModelFacts, **change: Any) -> ModelFacts:
+    from dataclasses import replace
+
+    return replace(base, **change)
+
+
+CASES: tuple[CallCase, ...] = (
+    CallCase("BERT-like classifier (text-classification, zero-shot): pools `[CLS]`", _BERT, _text(types=True)),
+    CallCase("token classification, fill-mask: per-position logits", _m(_BERT, task="token_classification", pooling="none")),
+    CallCase("feature extraction, sentence embeddings: hidden states, pooled afterwards under the mask",
+             _m(_BERT, task="base", pooling="none")),
+    CallCase("decoder classifier (reward model): pools the last non-pad token", _DECODER),
+    CallCase("decoder classifier, `model(**batch)` in your loop", _DECODER, pipeline=False),
+    CallCase("decoder classifier, `model(**batch, use_cache=False)` in your loop", _DECODER,
+             options={"use_cache": False}, pipeline=False),
+    CallCase("causal LM log-likelihoods, `model(input_ids, use_cache=False)` by name", _m(_DECODER, task="causal_lm", pooling="none"),
+             _text(mask=False), {"use_cache": False}, pipeline=False),
+    CallCase("decoder classifier without a pad token", _m(_DECODER, pad_token_id=None)),
+    CallCase("BERT, a batch without `attention_mask`", _BERT, _text(mask=False)),
+    CallCase("an encoder that takes no `attention_mask`", _m(_BERT, accepts=frozenset({"input_ids"})), _text(mask=False)),
+    CallCase("texts longer than an absolute position table (512)", _BERT, _text(length=600)),
+    CallCase("RoPE `dynamic`, `longrope`, `yarn`, `llama3`...", _m(_DECODER, rope_type="dynamic")),
+    CallCase("a classifier whose pooling is not known (XLNet: the last position)", _m(_BERT, pooling="unknown")),
+    CallCase("a mixture-of-experts model", _m(_DECODER, experts=True)),
+    CallCase("an encoder-decoder (T5, BART)", _m(_BERT, encoder_decoder=True)),
+    CallCase("a model in training mode", _m(_BERT, training=True)),
+    CallCase("`inputs_embeds` instead of `input_ids`", _BERT, {"inputs_embeds": (3, 20, 32), "attention_mask": (3, 20)}),
+    CallCase("an input with no known padding (`bbox`, `pixel_values`...)", _BERT, {**_text(), "bbox": (3, 20, 4)}),
+    CallCase("`output_attentions=True`", _BERT, options={"output_attentions": True}),
+    CallCase("not a model of a known task", ModelFacts()),
+)
+
+
+def _padded(plan: CallPlan) -> str:
+    text = f"padded to {plan.rows} x {plan.length}, outputs cut back to {plan.original_rows} x {plan.original_length}"
+    if plan.add_mask:
+        text += "; a mask added"
+    if plan.no_cache:
+        text += "; `use_cache=False`"
+    return text
+
+
+def call_table(cases: Sequence[CallCase] = CASES) -> str:
+    """The markdown table of what a call of 3 rows of 20 tokens becomes on TPU (default ladders)."""
+    lines = ["| what you run | on TPU | why |", "|---|---|---|"]
+    for case in cases:
+        plan = plan_call(case.shapes, case.model, options=case.options, drop_cache=case.pipeline)
+        if isinstance(plan, str):
+            lines.append(f"| {case.what} | as it is | {plan} |")
+        else:
+            lines.append(f"| {case.what} | {_padded(plan)} | nothing reads the padding |")
+    return "\n".join(lines)
+
+
+_TABLES = {"inference-calls": call_table}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block (``<!-- generated: NAME -->`` ... ``<!-- end: NAME -->``) re-rendered."""
+    for name, table in _TABLES.items():
+        pattern = re.compile(rf"(<!-- generated: {name} [^>]*-->\n)(.*?)(<!-- end: {name} -->)", re.S)
+        text = pattern.sub(lambda m, t=table: m.group(1) + t() + "\n" + m.group(3), text)
+    return text
+
+
+def update(path: str) -> bool:
+    """Rewrite the generated table of the page at ``path``; returns whether it changed."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    new = render(text)
+    if new != text:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(new)
+    return new != text
+
+
+if __name__ == "__main__":  # pragma: no cover - a maintainer's command
+    for page in sys.argv[1:] or ["docs/inference.md"]:
+        print(f"{page}: {'updated' if update(page) else 'up to date'}")
