@@ -49,12 +49,13 @@ def test_padding_never_passes_an_absolute_position_table():
     assert isinstance(reason, str) and "longer than the model's 64 positions" in reason
 
 
-@pytest.mark.parametrize("rope", [None, "default", "linear"])
+@pytest.mark.parametrize("rope", [None, "default", "linear", "yarn", "llama3"])
 def test_rope_types_that_do_not_read_the_length_are_padded(rope):
+    # length_readers.ROPE_TYPES: yarn and llama3 fix their frequencies from the config at init
     assert isinstance(plan_call(_text(2, 20), dataclasses.replace(DECODER, rope_type=rope), drop_cache=True), CallPlan)
 
 
-@pytest.mark.parametrize("rope", ["dynamic", "longrope", "yarn", "llama3"])
+@pytest.mark.parametrize("rope", ["dynamic", "longrope", "my_own_rope"])
 def test_other_rope_types_are_not(rope):
     assert plan_call(_text(2, 20), dataclasses.replace(DECODER, rope_type=rope), drop_cache=True) == (
         f"RoPE type {rope!r} reads the sequence length"

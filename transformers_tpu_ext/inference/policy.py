@@ -20,7 +20,8 @@ What reads the padded length, and how each is handled:
   facts do not name, and last-token pooling without a pad token, are refused.
 - **Absolute position tables**: the padded length never passes the table (``max_positions``);
   sequences already longer are left to upstream (its error or truncation).
-- **RoPE**: only rope types whose angles do not depend on the sequence length (:data:`SAFE_ROPE`).
+- **RoPE**: only rope types whose angles do not depend on the sequence length (:data:`SAFE_ROPE`, from
+  ``length_readers``, shared with generation and training).
 - **``token_type_ids``**, ``position_ids``: padded with 0 under the mask.
 - **Rows**: a row is independent of the others in evaluation, so a batch is completed with copies
   of its first row (to a power of two, or to a larger row count already run), cut off again; models whose rows or tokens share a budget (mixture-of-experts
@@ -33,6 +34,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..ladders import geometric_ladder, round_up
+from ..length_readers import ROPE_TYPES
 from ..training.buckets import choose_length, sequence_ladder
 
 __all__ = [
@@ -63,9 +65,10 @@ POOLING = ("first", "last_non_pad", "none", "unknown")
 #: Tasks whose outputs have known per-position fields (:func:`cut_fields`).
 TASKS = ("sequence_classification", "token_classification", "masked_lm", "question_answering", "base", "causal_lm")
 
-#: RoPE types whose angles for a position do not depend on the sequence length.
-#: (``dynamic``, ``longrope``, ``yarn`` with a length-dependent factor... read the length.)
-SAFE_ROPE = frozenset({None, "default", "linear"})
+#: RoPE types whose frequencies never depend on the sequence length (``length_readers.ROPE_TYPES``, the one
+#: place that knows what reads the length; ``None``: no RoPE). ``dynamic`` and ``longrope`` read it: a padded
+#: forward could switch their frequencies, so such calls are not padded.
+SAFE_ROPE = frozenset({None} | {name for name, kind in ROPE_TYPES.items() if kind.threshold is None})
 
 _ROWS_TOP = 1 << 16
 
