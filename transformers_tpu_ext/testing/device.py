@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from . import generators as _generators
 from .compile_cache import CACHE as _COMPILE_CACHE
 
 __all__ = ["TpuTensor", "register", "STATE"]
@@ -44,7 +45,7 @@ class _State:
         self.eager_programs = 0
         self.h2d_bytes = 0
         self.d2h_bytes = 0
-        self.generator = torch.Generator(device="cpu")
+        self.generator = _generators.make_default()  # torch.tpu.default_generators[0]
         self.handles_issued = False  # a device storage was handed out (writes must renew handles)
 
     def reset(self) -> None:
@@ -383,9 +384,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             new_args.append(_unwrap(a, func, info, sig, back))
     if kwargs:
         kwargs = {k: (v if v.__class__ in _PLAIN else _unwrap(v, func, info, sig, back)) for k, v in kwargs.items()}
-    if info.generator and kwargs.get("generator") is None and not tracing:
-        kwargs = dict(kwargs)
-        kwargs["generator"] = STATE.generator
+    if info.generator:
+        kwargs = _generators.resolve(kwargs, STATE.generator, tracing)
 
     out = func(*new_args, **kwargs)
     if info.written and STATE.handles_issued:
@@ -575,8 +575,8 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             a = _CPU
         new_args.append(a)
     info = _info(op)
-    if info.generator and kwargs.get("generator") is None:
-        kwargs["generator"] = STATE.generator
+    if info.generator:
+        kwargs = _generators.resolve(kwargs, STATE.generator, False)
     out = op(*new_args, **kwargs)
     if info.counted and not STATE.in_graph:
         key = (op, tuple(_hashable(a) for a in args))
