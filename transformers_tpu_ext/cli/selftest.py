@@ -61,6 +61,7 @@ class Result:
     status: str  # "pass", "fail", "skip"
     detail: str = ""
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time (the wall time counts other load too)
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -104,7 +105,7 @@ class Context:
 
 
 def _outcome(check: Check, ctx: Context) -> Result:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         facts = check.run(ctx) or {}
         result = Result(check.name, "pass", facts=facts)
@@ -118,6 +119,7 @@ def _outcome(check: Check, ctx: Context) -> Result:
             check.name, "fail", detail=f"{type(error).__name__}: {error} ({os.path.basename(where.filename)}:{where.lineno})"
         )
     result.seconds = round(time.perf_counter() - start, 2)
+    result.cpu_seconds = round(time.process_time() - cpu, 2)
     return result
 
 

@@ -26,6 +26,7 @@ import torch
 
 from . import generators as _generators
 from .compile_cache import CACHE as _COMPILE_CACHE
+from .mixing import host_rule
 
 __all__ = ["TpuTensor", "register", "STATE"]
 
@@ -67,7 +68,7 @@ def _fake_mode_active() -> bool:
 
 
 class _OpInfo:
-    __slots__ = ("counted", "mutable", "generator", "mixed_ok", "special", "written", "refused")
+    __slots__ = ("counted", "mutable", "generator", "mixed_ok", "host", "special", "written", "refused")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
@@ -90,8 +91,9 @@ class _OpInfo:
             or func in _UNCOUNTED
             or name.startswith("aten::_foreach")  # counted per tensor below, not as a fused op
         )
-        # Ops a real device accepts with host tensors among the inputs.
-        self.mixed_ok = func in _MIXED_OK or name in ("aten::index", "aten::index_put", "aten::index_put_")
+        # Transfers take host tensors; other ops only CPU scalars and indices where PyTorch allows them (``mixing``).
+        self.mixed_ok = func in _MIXED_OK
+        self.host = host_rule(name.partition("::")[2], schema.overload_name, torch.Tag.pointwise in func.tags)
         # Transfers and scalar reads have their own handlers (they count host<->device bytes).
         self.special = _SPECIAL.get(func)
 
@@ -417,7 +419,7 @@ def _run_generic(func: Any, args: tuple, kwargs: dict) -> Any:
         info.special = special
 
 
-def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[int, Any] | None) -> Any:
+def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[int, Any] | None, listed: bool = False) -> Any:
     if isinstance(a, torch.Tensor):
         if isinstance(a, TpuTensor):
             inner = a._cpu
@@ -429,9 +431,9 @@ def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[
             return inner
         dev = a.device.type
         if dev == "cpu":
-            if a.dim() and not info.mixed_ok:
-                raise RuntimeError(f"{func}: {DEVICE_MISMATCH}")
-            return a
+            if info.mixed_ok or (info.host.indices and listed) or (info.host.scalars and not a.dim()):
+                return a
+            raise RuntimeError(f"{func}: {DEVICE_MISMATCH}")
         if dev == "tpu":  # a FakeTensor a factory made on "tpu" while TorchDynamo traces
             host = _host_view(a)
             if back is not None:
@@ -440,7 +442,7 @@ def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[
         return a
     if isinstance(a, (list, tuple)) and any(isinstance(x, (torch.Tensor, list)) for x in a):
         # Tensor[] and Tensor[][] (the output lists of c10d's allgather_ / gather_)
-        return type(a)(x if x is None else _unwrap(x, func, info, sig, back) for x in a)
+        return type(a)(x if x is None else _unwrap(x, func, info, sig, back, True) for x in a)
     if isinstance(a, torch.device) and a.type == "tpu":
         return _CPU
     return a
