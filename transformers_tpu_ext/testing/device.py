@@ -199,6 +199,13 @@ class TpuTensor(torch.Tensor):
             return self._cpu.untyped_storage()
         return torch.Tensor.untyped_storage(self)
 
+    def storage(self) -> Any:  # the legacy TypedStorage: the same handle as untyped_storage()
+        if _user_caller(self):
+            torch.storage._warn_typed_storage_removal(stacklevel=2)
+            storage = _device_storage(self._cpu.untyped_storage())
+            return torch.TypedStorage(wrap_storage=storage, dtype=self.dtype, _internal=True)
+        return torch.Tensor.storage(self)
+
     def data_ptr(self) -> int:
         if _user_caller(self):
             inner = self._cpu
