@@ -3,9 +3,10 @@
 Every check builds its tiny models locally (``testing.tiny``: context-sensitive, so equal tokens
 mean something), computes the CPU reference with plain Transformers (the plugin changes nothing off
 TPU), runs the same code on the TPU, and returns the facts it measured or raises ``AssertionError``
-with the difference (``selftest.Skip`` with the reason when it cannot run here). The order matters
-only for the timings: :data:`CHECKS` is the battery, its list and what each proves are in
-``docs/selftest.md``. Programs are counted as torch_tpu counts them (``torch.tpu._get_cache_misses``,
+with the difference (``selftest.Skip`` with the reason when it cannot run here). :data:`CHECKS` is
+the battery; its list and what each proves are in ``docs/selftest.md``. The checks that start other
+processes run before any check opens the chip in this process (a chip is held by one process,
+torch_tpu #4166). Programs are counted as torch_tpu counts them (``torch.tpu._get_cache_misses``,
 through ``testing.programs.no_new_programs``), so the same checks hold on a chip and on the simulator.
 """
 
@@ -325,14 +326,14 @@ def decode_timing(ctx: Context) -> dict[str, Any]:
 
 CHECKS: tuple[Check, ...] = (
     Check("activation", "deactivate() removes every patch and restores the originals; activate() applies the same set again", activation),
+    Check("compile_cache", "a second process with the same persistent compile cache compiles 0 programs", compile_cache),
+    Check("ddp", "DDP over tpu_dist on 2+ chips: replicas stay equal after training steps", ddp),
     Check("placement", 'from_pretrained(device_map="auto") puts every weight on the TPU within its HBM budget, ties kept, logits equal to the CPU', placement),
     Check("generate_qwen3", "generate() on GQA/tied Qwen3: greedy, beam, prompt lookup, assisted (draft model) equal the CPU; seeded sampling reproducible; 0 programs after warmup()", generate_qwen3),
     Check("generate_llama", "the same on multi-head, untied Llama (greedy, beam, sampling, steady state)", generate_llama),
     Check("decode_bytes", "the device decode loop moves token ids, not logits, per step (bytes counted)", decode_bytes),
     Check("continuous_batching", "generate_batch() equals per-request generate() on the CPU", continuous_batching),
     Check("trainer", "a plain Trainer run trains on the TPU with losses equal to a CPU run within the stated tolerance", trainer),
-    Check("ddp", "DDP over tpu_dist on 2+ chips: replicas stay equal after training steps", ddp),
-    Check("compile_cache", "a second process with the same persistent compile cache compiles 0 programs", compile_cache),
     Check("int8_weights", "torchao int8 weight-only weights stay int8 on the TPU; tokens equal the same model on the CPU", int8_weights),
     Check("int8_kv_cache", "the opt-in int8 KV cache gives the tokens of the same quantization on the CPU", int8_kv_cache),
     Check("decode_timing", "(chip only) host decode loop vs device loop, ms per token", decode_timing),

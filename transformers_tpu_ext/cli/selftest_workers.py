@@ -51,7 +51,8 @@ def _cache_entries(root: str) -> int:
 
 def compile_cache(ctx: Any) -> dict[str, Any]:
     root = os.path.join(ctx.tmp, "compile-cache")
-    env = _env(ctx, _SIMULATE_CACHE, TRANSFORMERS_TPU_EXT_COMPILE_CACHE=root)
+    # Tier 2 (/dev/shm, shared by the host's processes) off: what the second start loads comes from ``root``.
+    env = _env(ctx, _SIMULATE_CACHE, TRANSFORMERS_TPU_EXT_COMPILE_CACHE=root, TORCH_TPU_TIER2_COMPILATION_CACHE="disabled")
     starts = []
     for run in ("first", "second"):
         out = os.path.join(ctx.tmp, f"cache-{run}.json")
