@@ -28,7 +28,7 @@ def test_bare_command_is_a_usage_error_and_version_is_in_the_usage():
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("usage: transformers-tpu") and "-V" in lines[0]
-    assert lines[1] == "transformers-tpu: error: a command is required (choose from demo, launch, doctor, warmup)"
+    assert lines[1] == "transformers-tpu: error: a command is required (choose from demo, launch, doctor, warmup, selftest)"
     help_ = _run("--help")
     assert help_.returncode == 0 and "--version" in help_.stdout and "launch" in help_.stdout
     version = _run("--version")

@@ -1,4 +1,4 @@
-"""The ``transformers-tpu`` command: ``demo``, ``launch``, ``doctor`` and ``warmup``.
+"""The ``transformers-tpu`` command: ``demo``, ``launch``, ``doctor``, ``warmup`` and ``selftest``.
 
 Each subcommand lives in its own module exposing ``main(argv: list[str] | None) -> int``; this
 file only dispatches, so ``transformers-tpu launch ...`` hands torchrun's options through untouched.
@@ -20,6 +20,7 @@ COMMANDS = {
     "launch": ("transformers_tpu_ext.cli.launch", "torchrun with the TPU launch environment prepared"),
     "doctor": ("transformers_tpu_ext.cli.doctor", "versions, chips, patches, settings and known problems"),
     "warmup": ("transformers_tpu_ext.cli.warmup", "compile every bucket of a model's work into the compile cache"),
+    "selftest": ("transformers_tpu_ext.cli.selftest", "check the plugin's claims on this chip against the CPU (simulated without one)"),
 }
 
 

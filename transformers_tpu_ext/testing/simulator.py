@@ -18,6 +18,7 @@ from . import (
     compile_backend,
     device,
     foreach,
+    generators,
     pinned,
     process_group,
     quantized_ops,
@@ -120,6 +121,7 @@ def _register_torch() -> None:
     )
     sys.modules["torch.tpu.distributed"] = tpu_module.distributed
     device.register(torch.device("tpu", 0))
+    generators.register(torch.device("tpu", 0))
     process_group.register()
     compile_backend.register()
     pinned.register()
