@@ -25,8 +25,10 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable, Iterator, Sequence
+
+from .selftest_battery import Check, CheckFailed, Context, Result, Skip
 
 __all__ = ["Check", "CheckFailed", "Context", "Result", "Skip", "main", "run_battery"]
 
@@ -37,71 +39,6 @@ VERSIONS = ("torch", "torch_tpu", "libtpu", "transformers", "accelerate")
 SIMULATED = dict(chips=1, generation="v6e", hbm_bytes="256MiB")
 NOT_MEANINGFUL = "timings on the simulated TPU are not meaningful (CPU-backed): run on a TPU VM for them"
 
-
-class Skip(Exception):
-    """Raised by a check that cannot run here; ``str()`` is the reason."""
-
-
-class CheckFailed(AssertionError):
-    """Raised by a check whose claim does not hold; ``str()`` is the difference."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One claim: ``run(ctx)`` returns facts (a JSON-able dict) or raises :class:`Skip` / ``AssertionError``."""
-
-    name: str
-    proves: str
-    run: Callable[[Context], dict[str, Any] | None]
-
-
-@dataclass
-class Result:
-    name: str
-    status: str  # "pass", "fail", "skip"
-    detail: str = ""
-    seconds: float = 0.0
-    cpu_seconds: float = 0.0  # this process's CPU time (the wall time counts other load too)
-    facts: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Context:
-    """What the checks share: where they run, the simulator (or None), a scratch directory, timings."""
-
-    simulated: bool
-    sim: Any
-    tmp: str
-    timings: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-    _models: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def on_chip(self) -> bool:
-        return not self.simulated
-
-    def programs(self) -> int:
-        """Programs this process needed so far (compiled or loaded): what torch_tpu counts as cache misses."""
-        import torch
-
-        return int(torch.tpu._get_cache_misses())
-
-    def traffic(self) -> int | None:
-        """Host<->device bytes so far (only the simulated TPU counts them)."""
-        if self.sim is None:
-            return None
-        counters = self.sim.counters()
-        return counters.h2d_bytes + counters.d2h_bytes
-
-    def model_dir(self, arch: str = "qwen3", **overrides: Any) -> str:
-        """A tiny model of ``arch`` saved once under the scratch directory (for ``from_pretrained``)."""
-        key = arch + "".join(f",{k}={v}" for k, v in sorted(overrides.items()))
-        if key not in self._models:
-            from ..testing.tiny import save_tiny_model
-
-            path = os.path.join(self.tmp, f"model-{len(self._models)}")
-            self._models[key] = str(save_tiny_model(path, arch, seed=0, **overrides))
-        return self._models[key]
 
 
 def _outcome(check: Check, ctx: Context) -> Result:

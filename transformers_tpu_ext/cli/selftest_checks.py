@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any, Iterator
 
-from .selftest import Check, Context, Skip
+from .selftest_battery import Check, Context, Skip
 from .selftest_workers import compile_cache, ddp
 
 __all__ = ["CHECKS", "FAMILIES", "TRAIN_TOLERANCE"]

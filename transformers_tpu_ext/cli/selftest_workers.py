@@ -81,7 +81,7 @@ def _ddp_count(ctx: Any) -> int:
 
     if ctx.simulated:
         if not ctx.options.get("ddp"):
-            from .selftest import Skip
+            from .selftest_battery import Skip
 
             raise Skip("one simulated chip here; --ddp runs it on 2 simulated chips (tests/training covers DDP in CI)")
         return 2
@@ -90,7 +90,7 @@ def _ddp_count(ctx: Any) -> int:
     counts = topology.supported_counts(getattr(info, "generation", None)) or (2, 4, 8)
     usable = [n for n in counts if 2 <= n <= chips]
     if not usable:
-        from .selftest import Skip
+        from .selftest_battery import Skip
 
         raise Skip(f"this host has {chips} chip(s); DDP needs 2 or more in a supported topology ({counts})")
     return usable[0]

@@ -5,9 +5,7 @@ A tensor on the simulated TPU is a :class:`TpuTensor`, a wrapper subclass whose 
 :meth:`TpuTensor.__torch_dispatch__`, which runs the operation on the CPU tensors and wraps the
 result again (in-place and ``out=`` operations return the original wrapper). Factory operations
 (``torch.empty(..., device="tpu")``) reach the PrivateUse1 dispatch key, where a Python fallback
-builds the CPU tensor and wraps it (``factories``). Transfers have their own handlers
-(``transfers``); what code outside torch sees of device memory is in ``handles``, which host tensors an
-operator takes next to TPU tensors in ``mixing``, the TPU's generators in ``generators``.
+builds the CPU tensor and wraps it.
 
 The dispatcher also keeps the counters: distinct eager ``(op, shapes, dtypes)`` signatures
 (torch_tpu compiles each eager operation once per input shape) and host↔device bytes. Nothing is
@@ -18,13 +16,16 @@ Importing this module imports torch; it registers nothing until :func:`register`
 
 from __future__ import annotations
 
+import functools
+import itertools
+import sys
+import weakref
 from typing import Any
 
 import torch
 
 from . import generators as _generators
 from .compile_cache import CACHE as _COMPILE_CACHE
-from .handles import _device_storage, _fsdp_caller, _mark_written, _user_caller
 from .mixing import host_rule
 
 __all__ = ["TpuTensor", "register", "STATE"]
@@ -252,6 +253,86 @@ class TpuTensor(torch.Tensor):
         return _dispatch(func, args, kwargs or {})
 
 
+def _user_caller(t: TpuTensor) -> bool:
+    if type(t._cpu) is not torch.Tensor or _get_mode(_FAKE) is not None:
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    return caller != "torch" and not caller.startswith("torch.")
+
+
+#: Modules that free and re-allocate device memory through ``untyped_storage().resize_()``.
+_STORAGE_RESIZERS = ("torch.distributed.fsdp.",)
+
+
+def _fsdp_caller(t: TpuTensor) -> bool:
+    """FSDP2 frees its all-gather buffers with ``untyped_storage().resize_(0)`` and re-allocates them
+    the same way: it gets the data's storage, which can be resized (the wrapper's own is empty)."""
+    if type(t._cpu) is not torch.Tensor or _get_mode(_FAKE) is not None:
+        return False
+    return sys._getframe(2).f_globals.get("__name__", "").startswith(_STORAGE_RESIZERS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device memory as torch_tpu shows it: storages whose data pointer is an opaque handle.
+
+#: Handles are non-canonical addresses (reading through one faults instead of finding host data),
+#: 4 GiB apart so that ``handle + offset`` of one storage never reaches the next; all below 2**63.
+_HANDLE_BASE = 0x5450_0000_0000_0000
+_HANDLE_STRIDE = 1 << 32
+_HANDLE_SLOTS = 1 << 28
+_handles = itertools.count(1)
+_HANDLE = "_tpu_handle"  # on a host storage: the handle of its memory until the next write
+_DEVICE_STORAGE = "_tpu_device_storage"  # on a host storage: weakref to the device storage showing it
+_HOST = "_tpu_host"  # on a device storage: the host storage that holds its data
+
+
+def _device_storage(host: Any) -> Any:
+    """The ``tpu`` storage user code sees for the host storage ``host``: its data pointer is a handle
+    that stays the same until the next in-place write to that memory, then is a new one. (Attributes
+    live on the storages' Python objects, which PyTorch keeps as long as the storage lives.)"""
+    handle = getattr(host, _HANDLE, None)
+    ref = getattr(host, _DEVICE_STORAGE, None)
+    storage = ref() if ref is not None and handle is not None else None
+    if storage is None:
+        if handle is None:
+            STATE.handles_issued = True
+            handle = _HANDLE_BASE + (next(_handles) % _HANDLE_SLOTS) * _HANDLE_STRIDE
+            setattr(host, _HANDLE, handle)
+        storage = torch._C._construct_storage_from_data_pointer(handle, STATE.device, host.nbytes())
+        setattr(storage, _HOST, host)
+        setattr(host, _DEVICE_STORAGE, weakref.ref(storage))
+    return storage
+
+
+def _host_storage(storage: Any) -> Any:
+    """The host storage behind a device storage from :func:`_device_storage`, or ``None``."""
+    return getattr(storage, _HOST, None)
+
+
+def _written(tensor: Any) -> None:
+    """``tensor`` (a TpuTensor) was written in place: its memory gets a new handle."""
+    inner = tensor._cpu
+    if type(inner) is torch.Tensor:
+        host = inner.untyped_storage()
+        if getattr(host, _HANDLE, None) is not None:
+            setattr(host, _HANDLE, None)
+
+
+def _mark_written(info: _OpInfo, args: tuple, kwargs: dict) -> None:
+    for index, name in info.written:
+        value = args[index] if index < len(args) else kwargs.get(name)
+        if isinstance(value, TpuTensor):
+            _written(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, TpuTensor):
+                    _written(item)
+                elif isinstance(item, (list, tuple)):
+                    for x in item:
+                        if isinstance(x, TpuTensor):
+                            _written(x)
+
+
 def _is_tpu_wrapper(x: Any) -> bool:
     return x.__class__ is TpuTensor or isinstance(x, TpuTensor)
 
@@ -387,6 +468,11 @@ def _unwrap(a: Any, func: Any, info: _OpInfo, sig: list[Any] | None, back: dict[
     return a
 
 
+def _local_scalar_dense(args: tuple, kwargs: dict) -> Any:
+    inner = args[0]._cpu
+    if type(inner) is torch.Tensor:
+        STATE.d2h_bytes += inner.element_size()
+    return _aten._local_scalar_dense.default(inner)
 
 
 def _map_back(out: Any, back: dict[int, Any]) -> Any:
@@ -415,8 +501,126 @@ def _map_back(out: Any, back: dict[int, Any]) -> Any:
     return out
 
 
-# The transfers' handlers (the module uses the names above).
-from .transfers import _copy_, _local_scalar_dense, _set_storage, _to_copy  # noqa: E402
+def _copy_(args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    dst_tpu, src_tpu = _is_tpu_wrapper(dst), _is_tpu_wrapper(src)
+    d = dst._cpu if dst_tpu else dst
+    s = src._cpu if src_tpu else src
+    if not dst_tpu and d.device.type == "tpu":
+        d = _host_view(d)
+    if not src_tpu and s.device.type == "tpu":
+        s = _host_view(s)
+    if not _fake_mode_active() and type(d) is torch.Tensor and type(s) is torch.Tensor:
+        if dst_tpu and not src_tpu:
+            STATE.h2d_bytes += d.numel() * d.element_size()
+        elif src_tpu and not dst_tpu:
+            STATE.d2h_bytes += d.numel() * d.element_size()
+    d.copy_(s, non_blocking)
+    if dst_tpu and STATE.handles_issued:
+        _written(dst)
+    return dst
+
+
+def _to_copy(args: tuple, kwargs: dict) -> Any:
+    src = args[0]
+    device = kwargs.get("device")
+    target = "tpu" if device is None else torch.device(device).type
+    target_tpu = target == "tpu"
+    from_tpu = _is_tpu_wrapper(src)
+    inner = src._cpu if from_tpu else src
+    if inner.device.type == "tpu":
+        inner = _host_view(inner)
+    new_kwargs = dict(kwargs)
+    if target not in ("tpu", "cpu"):
+        # ``.to("meta")`` (Accelerate's offload hooks, ``init_empty_weights``) gives a meta tensor
+        # and copies nothing, as on a real device.
+        return _aten._to_copy.default(inner, **new_kwargs)
+    new_kwargs["device"] = _CPU
+    out = _aten._to_copy.default(inner, **new_kwargs)
+    if target_tpu:
+        if not from_tpu and not _fake_mode_active() and type(out) is torch.Tensor:
+            STATE.h2d_bytes += out.numel() * out.element_size()
+        return TpuTensor._wrap_cpu(out)
+    if not _fake_mode_active() and type(out) is torch.Tensor:
+        STATE.d2h_bytes += out.numel() * out.element_size()
+    return out
+
+
+def _set_storage(func: Any) -> Any:
+    """``set_`` of a tpu tensor onto a device storage (torch_tpu registers ``set_.source_Storage``):
+    how torch's own storage paths reach device memory. ``storage.cpu()`` (behind ``torch.save``) is
+    ``empty(0, device=tpu).set_(storage)`` then a copy; ``torch.load`` rebuilds each tensor with
+    ``empty(0, device=tpu).set_(storage, offset, size, stride)``."""
+
+    def handler(args: tuple, kwargs: dict) -> Any:
+        self = args[0]
+        source = args[1] if len(args) > 1 else kwargs.get("source")
+        host = _host_storage(source)
+        if host is None or not _is_tpu_wrapper(self):
+            return _run_generic(func, args, kwargs)
+        dtype = self.dtype
+        if len(args) > 2 or "storage_offset" in kwargs:
+            offset = args[2] if len(args) > 2 else kwargs["storage_offset"]
+            size = args[3] if len(args) > 3 else kwargs["size"]
+            stride = args[4] if len(args) > 4 else kwargs.get("stride", ())
+        else:
+            offset, size, stride = 0, (host.nbytes() // dtype.itemsize,), ()
+        inner = torch.empty(0, dtype=dtype)
+        inner = inner.set_(host, offset, size, stride) if stride else inner.set_(host, offset, size)
+        # The wrapper takes the new shape on an empty storage large enough for it.
+        shell = torch.Tensor._make_wrapper_subclass(TpuTensor, (host.nbytes(),), dtype=torch.uint8, device=STATE.device)
+        _aten.set_.source_Storage_storage_offset.redispatch(
+            _META_KEYS, self, torch.Tensor.untyped_storage(shell), inner.storage_offset(), inner.size(), inner.stride()
+        )
+        self._cpu = inner
+        return self
+
+    return handler
+
+
+_META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories: the PrivateUse1 fallback.
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    if "device" in kwargs:
+        kwargs["device"] = _CPU
+    new_args = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and _is_tpu_wrapper(a):
+            a = a._cpu
+        elif isinstance(a, torch.device) and a.type == "tpu":
+            a = _CPU
+        new_args.append(a)
+    info = _info(op)
+    if info.generator:
+        kwargs = _generators.resolve(kwargs, STATE.generator, False)
+    out = op(*new_args, **kwargs)
+    if info.counted and not STATE.in_graph:
+        key = (op, tuple(_hashable(a) for a in args))
+        try:
+            if key not in STATE.seen:
+                if _COMPILE_CACHE.miss("eager", key):
+                    STATE.eager_programs += 1
+                STATE.seen.add(key)
+            else:
+                _COMPILE_CACHE.hits += 1
+        except TypeError:
+            pass
+    return _wrap(out)
+
+
+def _hashable(a: Any) -> Any:
+    if isinstance(a, (int, float, bool)):
+        return a
+    if isinstance(a, (list, tuple)):
+        return tuple(a)
+    return None
+
 
 _SPECIAL.update(
     {
@@ -429,9 +633,42 @@ _SPECIAL.update(
 )
 
 
-def register(device: torch.device) -> None:
-    """Route PrivateUse1 factories through ``factories._fallback``; wrappers are made on ``device``."""
-    from . import factories
+def _to_copy_kernel(*args: Any, **kwargs: Any) -> Any:
+    # ``torch.tensor(data, device="tpu")`` dispatches ``_to_copy`` of a CPU tensor to the
+    # PrivateUse1 key; through the generic fallback PyTorch hits an internal assert, so the
+    # operator gets its own kernel.
+    return _to_copy(args, kwargs)
 
+
+_RESIZING_FACTORIES = (
+    "arange", "arange.start", "arange.start_step", "range", "range.step", "eye", "eye.m",
+    "hann_window", "hann_window.periodic", "hamming_window", "hamming_window.periodic",
+    "hamming_window.periodic_alpha", "hamming_window.periodic_alpha_beta", "bartlett_window",
+    "bartlett_window.periodic", "blackman_window", "blackman_window.periodic", "kaiser_window",
+    "kaiser_window.periodic", "kaiser_window.beta",
+)
+
+
+def _overload(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(_aten, base), overload or "default")
+
+
+_LIBRARY: Any = None
+_ATEN_LIBRARY: Any = None
+
+
+def register(device: torch.device) -> None:
+    """Route PrivateUse1 factories through :func:`_fallback`; wrappers are made on ``device``."""
+    global _LIBRARY, _ATEN_LIBRARY
     STATE.device = device
-    factories.register()
+    if _LIBRARY is None:
+        lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a process-wide fallback is the point
+        lib.fallback(_fallback, "PrivateUse1")
+        aten = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+        aten.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
+        # Factories PyTorch builds as ``empty(0)`` + an ``out=`` kernel that resizes it: a
+        # wrapper cannot be resized, so they get kernels that build the CPU tensor directly.
+        for name in _RESIZING_FACTORIES:
+            aten.impl(name, functools.partial(_fallback, _overload(name)), "PrivateUse1")
+        _LIBRARY, _ATEN_LIBRARY = lib, aten
