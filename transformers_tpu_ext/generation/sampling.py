@@ -11,19 +11,22 @@ drawn from there, and the chosen indices come back, so every path draws from the
 
 Upstream calls ``torch.multinomial`` by its module attribute; while at least one such loop runs, that
 attribute is a function that redirects only the calls made inside a loop of this thread or task (a
-context variable) and passes every other call through; the original is put back when the last loop
-ends. A ``generator=`` passed explicitly is respected. Nothing compiled reads it: no graph changes
-(a ``TorchFunctionMode`` would, as TorchDynamo guards on the mode stack).
+context variable) and made by upstream's loop itself (a callback's draw is left alone), and passes every
+other call through; the original is put back when the last loop ends. A ``generator=`` passed
+explicitly is respected. The plugin's own compiled token choice draws with the tensor method, so it does
+not read the attribute (TorchDynamo guards on it: code compiled while it is swapped recompiles; a
+``TorchFunctionMode`` would be worse, as TorchDynamo guards on the mode stack).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 import threading
 from typing import Any, Iterator
 
-__all__ = ["draws_on_device"]
+__all__ = ["draws_as_upstream", "draws_on_device"]
 
 _DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("transformers_tpu_ext_draw_device", default=None)
 _lock = threading.Lock()
@@ -31,12 +34,23 @@ _users = 0
 _original: Any = None
 
 
+#: The module whose draws are redirected: upstream's decoding loops (``_sample``, beam sampling).
+_UPSTREAM_LOOPS = "transformers.generation.utils"
+
+
 def _multinomial(input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002 - torch's parameter name
     device = _DEVICE.get()
     original = _original
-    if device is not None and kwargs.get("generator") is None and getattr(input, "device", None) is not None:
-        if input.device.type == "cpu":
-            return original(input.to(device), *args, **kwargs).to(input.device)
+    if (
+        device is not None
+        and kwargs.get("generator") is None
+        and getattr(input, "device", None) is not None
+        and input.device.type == "cpu"
+        # only upstream's own draw: a callback's (a processor that samples, a helper model's generate())
+        # keeps the generator it would use without the plugin
+        and sys._getframe(1).f_globals.get("__name__") == _UPSTREAM_LOOPS
+    ):
+        return original(input.to(device), *args, **kwargs).to(input.device)
     return original(input, *args, **kwargs)
 
 
@@ -51,7 +65,9 @@ def draws_on_device(device: Any, active: bool = True) -> Iterator[None]:
     global _users, _original
     with _lock:
         if _users == 0:
-            _original = torch.multinomial
+            current = torch.multinomial
+            # never our own function (another thread's patch of torch.multinomial may have put it back)
+            _original = torch._C._VariableFunctions.multinomial if current is _multinomial else current
             torch.multinomial = _multinomial
         _users += 1
     token = _DEVICE.set(device)
@@ -63,3 +79,14 @@ def draws_on_device(device: Any, active: bool = True) -> Iterator[None]:
             _users -= 1
             if _users == 0:
                 torch.multinomial = _original
+
+
+@contextlib.contextmanager
+def draws_as_upstream() -> Iterator[None]:
+    """Within the block (a ``generate()`` nested in a handled call: a callback's, an assistant's), no draw
+    is redirected: that call is upstream's, with the generator it would use without the plugin."""
+    token = _DEVICE.set(None)
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)

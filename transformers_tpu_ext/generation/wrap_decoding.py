@@ -43,7 +43,7 @@ def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             if padding:
                 arguments["logits_processor"] = ProcessorsView(arguments["logits_processor"], padding)
             # Upstream's loop samples on the host here: its draws go to the TPU's generator, as unpatched.
-            with draws_on_device(instance.device, bool(arguments["generation_config"].do_sample)):
+            with draws_on_device(state.input_device, _draws_on_device(state, arguments)):
                 return wrapped(**arguments)
         # Not fail-safe past this point: the loop consumes the cache, so a second run could not start
         # afresh; an error here (the model's, or ours) is the call's error.
@@ -71,6 +71,12 @@ def _user_callbacks_on_device(state: CallState, arguments: dict) -> None:
         return
     for name in ("logits_processor", "stopping_criteria"):
         arguments[name] = on_device(arguments[name], state.user_callbacks, state.callback_device)
+
+
+def _draws_on_device(state: CallState, arguments: dict) -> bool:
+    """Whether upstream's loop, sampling here over host probabilities, draws on the device: where the
+    call's inputs are on the device, as upstream then samples there (with host inputs it samples on the host)."""
+    return bool(arguments["generation_config"].do_sample) and getattr(state.input_device, "type", "cpu") != "cpu"
 
 
 def _loop_facts(model: Any, state: CallState, arguments: dict) -> policy.LoopFacts:
@@ -147,5 +153,5 @@ def beam_search(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # Beams of one prompt share its mask, and upstream only appends ones: the call's mask holds.
     masks = policy.mask_path(_loop_facts(instance, state, {**arguments, "logits_processor": ()}))
     with _device_mask(instance, state, arguments, masks):
-        with draws_on_device(instance.device, bool(arguments["generation_config"].do_sample)):  # beam sampling
+        with draws_on_device(state.input_device, _draws_on_device(state, arguments)):  # beam sampling
             return wrapped(**arguments)

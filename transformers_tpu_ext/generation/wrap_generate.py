@@ -20,7 +20,7 @@ from .. import length_readers
 from ..backend import is_tpu
 from ..wrapping import warn_once
 from . import config as settings_module
-from . import policy, static_cache
+from . import policy, sampling, static_cache
 from .call import CURRENT, UPSTREAM, CallState, bind, model_kind, report_failure
 from .views import Padding, StreamerView, ids_on
 
@@ -41,10 +41,11 @@ def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         # upstream's, with every inner wrapper passing through (the outer call's padding, cache and
         # device mask are not this call's).
         token = CURRENT.set(UPSTREAM)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            CURRENT.reset(token)
+        with sampling.draws_as_upstream():
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                CURRENT.reset(token)
     if not is_tpu(getattr(instance, "device", None)):
         return wrapped(*args, **kwargs)
     # The user's mistakes surface here, once, exactly as upstream raises them: a bad setting, an
@@ -165,7 +166,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             call[name] = value.to(cpu)
 
-    state = CallState(settings=settings, plan=plan)
+    state = CallState(settings=settings, plan=plan, input_device=out_device)
     _callbacks_on_caller_device(call, state, out_device)
     user_config = call.get("generation_config")
 

@@ -130,6 +130,11 @@ def _accelerator_state_init(wrapped: Callable[..., Any], instance: Any, args: tu
     named = dict(zip(_STATE_PARAMETERS, args))
     requested = named.get("mixed_precision", kwargs.get("mixed_precision"))
     if requested is None:
+        if sys.modules["accelerate.state"].AcceleratorState._shared_state:
+            # Accelerate's own later AcceleratorState() calls pass no precision: upstream keeps the
+            # initialised state's and checks nothing; an fp16 read from the environment must not be
+            # turned into a changed bf16 request there ("already initialized").
+            return wrapped(*args, **kwargs)
         requested = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     if str(requested).lower() != "fp16" or not backend.tpu_available():
         return wrapped(*args, **kwargs)
