@@ -157,3 +157,20 @@ def test_the_registry_of_models_keeps_none_alive():
     del model
     gc.collect()
     assert alive() is None
+
+
+def test_another_threads_call_of_the_model_is_its_own(simulated_tpu):
+    import threading
+
+    model = tiny_encoder("base").to("tpu")
+    batch = {k: v.to("tpu") for k, v in _batch(tiny_bert_tokenizer(), ["a tpu", "static shapes avoid it"]).items()}
+    seen = {}
+    with bucketed(model) as calls:
+        inside = model(**batch).last_hidden_state.shape
+        worker = threading.Thread(target=lambda: seen.update(shape=model(**batch).last_hidden_state.shape,
+                                                             padded=calls.padded))
+        before = calls.padded
+        worker.start()
+        worker.join()
+    assert inside[1] == batch["input_ids"].shape[1] and before == 1
+    assert seen == {"shape": inside, "padded": 1}  # the other thread's call was not planned nor padded

@@ -97,6 +97,7 @@ def test_a_missing_mask_is_added_where_the_model_takes_one():
         ({}, {"input_ids": (2, 3, 20)}, {}, "not (batch, sequence)"),
         ({}, None, {"output_attentions": True}, "output_attentions"),
         ({}, None, {"past_key_values": object()}, "KV cache given"),
+        ({}, None, {"cache": object()}, "KV cache given"),  # Transformers 5.24's name
     ],
 )
 def test_what_is_not_recognised_runs_unpadded(change, shapes, options, reason):

@@ -190,7 +190,7 @@ def plan_call(
         no_cache = True
     elif options.get("use_cache"):
         return "use_cache=True: a KV cache of the padded length could not be cut back"
-    if options.get("past_key_values") is not None:
+    if options.get("cache") is not None or options.get("past_key_values") is not None:  # 5.24's name, and its alias
         return "a KV cache given: positions depend on it"
     add_mask = "attention_mask" not in tensors
     if add_mask and not model.causal and "attention_mask" not in model.accepts:

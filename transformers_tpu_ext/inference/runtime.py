@@ -87,6 +87,9 @@ class Bucketed:
 
     # -- activation ------------------------------------------------------------------------------
     def __enter__(self) -> Bucketed:
+        # The hooks are the model's, shared by every thread: only this thread's calls inside the block
+        # are planned (another thread's generate() or forward of the same model stays its own).
+        self._local.active = getattr(self._local, "active", 0) + 1
         with self._lock:
             self._depth += 1
             if self._depth == 1:
@@ -98,6 +101,7 @@ class Bucketed:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._local.active = max(0, getattr(self._local, "active", 0) - 1)
         with self._lock:
             self._depth -= 1
             if self._depth == 0:
@@ -153,6 +157,8 @@ class Bucketed:
             return None
 
     def _before(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        if not getattr(self._local, "active", 0):
+            return None  # another thread's call of the model: not inside this thread's block
         try:
             plan = self._plan(args, kwargs)
             padded = None if isinstance(plan, str) else self._pad(kwargs, plan)
@@ -212,6 +218,8 @@ class Bucketed:
         return values
 
     def _after(self, module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+        if not getattr(self._local, "active", 0):
+            return output
         stack = self._stack()
         plan = stack.pop() if stack else None
         if plan is None or isinstance(plan, str) or not isinstance(output, Mapping):
@@ -221,7 +229,7 @@ class Bucketed:
             value = output[key]
             if key in per_position:
                 output[key] = _cut(value, plan, positions=True)
-            elif key == "past_key_values" and plan.no_cache:
+            elif key in ("cache", "past_key_values") and plan.no_cache:
                 continue
             else:
                 output[key] = _cut(value, plan, positions=False)
