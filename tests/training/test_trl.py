@@ -231,3 +231,24 @@ def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path, caplog):
     own = source_facts(sft(compute_loss_func=lambda outputs, labels, num_items_in_batch=None: outputs.logits.sum()), None, True)
     assert own.custom_loss and not own.keeps_rows
     assert any("compute_loss_func of your own" in r.getMessage() for r in caplog.records)
+
+
+def test_a_subclass_that_changes_a_loss_helper_is_a_loss_of_your_own(simulated_tpu, tmp_path):
+
+    class Weighted(trl.DPOTrainer):  # a user's DPO variant: its loss is not TRL's
+        def dpo_loss(self, *args, **kwargs):
+            return super().dpo_loss(*args, **kwargs)
+
+    class Logged(trl.SFTTrainer):  # a subclass that only adds a callback-like method keeps TRL's loss
+        def log_something(self):
+            return None
+
+    class Changed(trl.SFTTrainer):
+        def compute_loss(self, *args, **kwargs):
+            return super().compute_loss(*args, **kwargs)
+
+    from transformers_tpu_ext.training import facts
+
+    assert facts._loss_helpers_of_your_own(object.__new__(Weighted)) == "Weighted.dpo_loss"
+    assert facts._loss_helpers_of_your_own(object.__new__(Logged)) is None
+    assert facts._loss_helpers_of_your_own(object.__new__(Changed)) == "Changed.compute_loss"

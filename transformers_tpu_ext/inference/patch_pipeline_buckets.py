@@ -46,6 +46,7 @@ def _forward(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: di
     model = _model_on_tpu(instance)
     if model is None or not policy.pipeline_path(type(instance).__name__):
         return wrapped(*args, **kwargs)
+    kwargs = dict(kwargs)  # fail_safe falls back with the caller's own kwargs
     inputs = args[0] if args else kwargs.pop("model_inputs")
     calls = runtime.for_model(model, drop_cache=True)
     with calls, calls.sent(inputs) as sent:

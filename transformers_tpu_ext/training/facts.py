@@ -141,6 +141,9 @@ def known_loss(trainer: Any) -> Any:
     defined_by = _defined_by(trainer, "compute_loss")
     if defined_by not in losses.KNOWN_LOSSES:
         return losses.library_loss(defined_by, version=None)
+    changed = _loss_helpers_of_your_own(trainer)
+    if changed:
+        return f"{type(trainer).__name__} overrides {changed}: a loss of your own"
     try:
         from importlib.metadata import version
 
@@ -152,6 +155,22 @@ def known_loss(trainer: Any) -> Any:
     return losses.library_loss(
         defined_by, version=found, compute_loss_func=getattr(trainer, "compute_loss_func", None) is not None, options=options
     )
+
+
+#: Words in the names of the methods a library trainer computes its loss with (DPO's ``dpo_loss``,
+#: ``concatenated_forward``, ``get_batch_loss_metrics``; SFT's ``compute_loss``; a ``training_step``).
+_LOSS_WORDS = ("loss", "forward", "logits", "training_step")
+
+
+def _loss_helpers_of_your_own(trainer: Any) -> str | None:
+    """The first loss helper a class of the user's (below the library's in the MRO) defines, or ``None``."""
+    for cls in type(trainer).__mro__:
+        if cls.__module__.split(".", 1)[0] == "trl":
+            return None
+        for name, value in vars(cls).items():
+            if callable(value) and any(word in name for word in _LOSS_WORDS):
+                return f"{cls.__name__}.{name}"
+    return None
 
 
 def _known_trainers() -> Any:

@@ -16,7 +16,9 @@ What each known loss reads (TRL 1.16, read in its source and checked against the
   packed rows): the sum of ``-log p`` over the labels that are not ``-100`` (``-100`` on the padding),
   divided by their count (or the Trainer's ``num_items_in_batch``, counted from the labels); its
   entropy and token-accuracy metrics over the same labels. Its ``num_tokens`` metric counts
-  ``attention_mask`` (0 on the padding; no row is added) or, for padding-free rows, the row's length.
+  ``attention_mask`` (0 on the padding; no row is added) or, for padding-free rows, the row's length:
+  the padded length once the plugin pads such a row (the logged metric differs from a CPU run's; the
+  loss and its gradients do not; docs/training.md says so).
 - ``DPOTrainer`` (``loss_type`` ``"sigmoid"``, ``"hinge"``, ``"ipo"``, ``"sft"``, without
   ``use_weighting``): per-sequence sums of log-probabilities over ``completion_mask`` (0 on the
   padding), and their counts; the first half of the rows are the chosen answers, the second half the
