@@ -36,6 +36,17 @@ def test_a_new_python_number_is_a_new_program(simulated_tpu, cache_only):
     assert (simulated_tpu.counters() - before).eager_programs >= 2
 
 
+def test_a_number_is_keyed_with_its_type_and_nan_is_one_key(simulated_tpu):
+    t = torch.arange(4, device="tpu", dtype=torch.float32)
+    before = simulated_tpu.counters()
+    t * float("nan")
+    t * float("nan")
+    assert (simulated_tpu.counters() - before).eager_programs == 1
+    t * 2
+    t * 2.0  # another type: another program (the number promotes differently)
+    assert (simulated_tpu.counters() - before).eager_programs == 3
+
+
 def test_cache_only_passes_the_backend_error_through_unless_it_is_a_new_program(simulated_tpu, cache_only):
     with pytest.raises(ZeroDivisionError):
         with cache_only():

@@ -165,18 +165,18 @@ def as_upstream_returns(model: Any, cache: Any, kind: str, padding: Any, length:
         fresh = StaticCache(config=text_config, max_cache_len=length)
     else:
         fresh = DynamicCache(config=text_config)
-    device = None
     cpu = torch.device("cpu")
+    devices = []
     for index, layer in enumerate(cache.layers):
         # The int8 cache is handed back dequantized (what its attention read): a plain cache of the model's dtype.
         keys, values = layer.dequantized() if hasattr(layer, "dequantized") else (layer.keys, layer.values)
-        device = keys.device
+        devices.append(keys.device)
         rows = padding.real_rows(keys.shape[0])
         written = int(layer.get_seq_length())
         keys, values = keys.to(cpu), values.to(cpu)
         fresh.update(keys[:rows, :, padding.pad : written], values[:rows, :, padding.pad : written], index)
-    if device is not None and device.type != "cpu":
-        for layer in fresh.layers:
+    for layer, device in zip(fresh.layers, devices):  # each layer back where it was (a model split over devices)
+        if device.type != "cpu":
             _move_layer(layer, device)
     return fresh
 

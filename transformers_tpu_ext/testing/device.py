@@ -366,6 +366,12 @@ _PLAIN = frozenset({int, float, bool, type(None), str, torch.dtype, torch.layout
 _SCALARS = frozenset({int, float, bool})
 
 
+def _scalar_key(value: Any) -> Any:
+    """A Python number as a program key: its type too (``1``, ``1.0`` and ``True`` promote differently), and
+    one key for NaN (which equals nothing, itself included)."""
+    return (value.__class__, "nan" if value != value else value)
+
+
 def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     info = _INFO.get(func)
     if info is None:
@@ -392,20 +398,20 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             new_args.append(inner)
         elif cls in _PLAIN:
             if sig is not None and cls in _SCALARS:
-                sig.append(a)  # torch_tpu keys a program by its Python scalars too
+                sig.append(_scalar_key(a))  # torch_tpu keys a program by its Python scalars too
             new_args.append(a)
         else:
             if sig is not None and cls in (list, tuple) and all(x.__class__ in _SCALARS for x in a):
-                sig.append(tuple(a))  # sizes, dims, repeats: a new value is a new program
+                sig.append(tuple(_scalar_key(x) for x in a))  # sizes, dims, repeats: a new value is a new program
             new_args.append(_unwrap(a, func, info, sig, back))
     if kwargs:
         kwargs = {k: (v if v.__class__ in _PLAIN else _unwrap(v, func, info, sig, back)) for k, v in kwargs.items()}
         if sig is not None:
             for k, v in kwargs.items():
                 if v.__class__ in _SCALARS:
-                    sig.append((k, v))
+                    sig.append((k, _scalar_key(v)))
                 elif v.__class__ in (list, tuple) and all(x.__class__ in _SCALARS for x in v):
-                    sig.append((k, tuple(v)))
+                    sig.append((k, tuple(_scalar_key(x) for x in v)))
     if info.generator:
         kwargs = _generators.resolve(kwargs, STATE.generator, tracing)
 
