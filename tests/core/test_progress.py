@@ -84,10 +84,10 @@ def test_the_first_use_install_says_what_it_does(tmp_path):
     assert proc.stdout.strip() == str(venv)
     steps = [line for line in proc.stderr.splitlines() if line.startswith("bootstrap: [")]
     assert [s.split("]")[0] for s in steps] == ["bootstrap: [1/3", "bootstrap: [2/3", "bootstrap: [3/3"], proc.stderr
-    assert "torch==2.13.0" in steps[1] and "transformers-tpu-ext[test]" in steps[2]
+    assert "torch==2.13.0" in steps[1] and "transformers-tpu-ext[test,trl,embeddings]" in steps[2]
     assert "ready in" in proc.stderr
     calls = (venv / "bin" / "calls").read_text().splitlines()
-    assert len(calls) == 2 and "torch==2.13.0" in calls[0] and "[test]" in calls[1]
+    assert len(calls) == 2 and "torch==2.13.0" in calls[0] and "[test,trl,embeddings]" in calls[1]
     # Second run: nothing to install, nothing said but the venv.
     again = subprocess.run(
         ["bash", str(ROOT / "scripts" / "bootstrap.sh")],

@@ -7,7 +7,8 @@ device backend take host tensors:
 - transfers (``_to_copy``, ``copy_``, ``set_``...): their point is to cross;
 - a 0-dim CPU tensor is a *CPU scalar* in element-wise operators (``torch.Tag.pointwise``: TensorIterator
   reads it as a number) and as the value of the operators that read one number
-  (``masked_fill``, ``fill_``, ``index_fill``, ``index_put_``, the scalar-tensor overloads of ``_foreach_*``);
+  (``masked_fill``, ``fill_``, ``index_fill``, ``index_put_``), and in the lists of ``_foreach_*`` (run pair
+  by pair where a list holds CPU scalars);
 - the index tensors of advanced indexing (``index``, ``index_put_``) may stay on the CPU.
 
 Everything else is refused, 0-dim or not: a 0-dim CPU tensor given to ``mm``, ``cat``, ``embedding``,
@@ -39,5 +40,7 @@ class HostRule(NamedTuple):
 
 def host_rule(name: str, overload: str, pointwise: bool) -> HostRule:
     """``name`` without its ``aten::`` namespace; ``pointwise``: the operator has ``torch.Tag.pointwise``."""
-    scalars = pointwise or name in SCALAR_VALUE_OPS or (name.startswith("_foreach_") and overload.startswith("Tensor"))
+    # ``_foreach_*``: a device runs a list with CPU scalars pair by pair (PyTorch's slow path), each pair an
+    # element-wise operator; torch.optim's compiled Adam divides by a list of 0-dim CPU step corrections.
+    scalars = pointwise or name in SCALAR_VALUE_OPS or name.startswith("_foreach_")
     return HostRule(scalars=scalars, indices=name in INDEXING_OPS)
