@@ -10,12 +10,12 @@ the code disagree. To rewrite the page::
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..training.paths import render_blocks, update_page
 from .policy import CallPlan, ModelFacts, plan_call
 
 __all__ = ["CASES", "CallCase", "call_table", "render", "update"]
@@ -103,22 +103,13 @@ _TABLES = {"inference-calls": call_table}
 
 
 def render(text: str) -> str:
-    """``text`` with every generated block (``<!-- generated: NAME -->`` ... ``<!-- end: NAME -->``) re-rendered."""
-    for name, table in _TABLES.items():
-        pattern = re.compile(rf"(<!-- generated: {name} [^>]*-->\n)(.*?)(<!-- end: {name} -->)", re.S)
-        text = pattern.sub(lambda m, t=table: m.group(1) + t() + "\n" + m.group(3), text)
-    return text
+    """``text`` with the inference table re-rendered (``training.paths.render_blocks``)."""
+    return render_blocks(text, _TABLES)
 
 
 def update(path: str) -> bool:
     """Rewrite the generated table of the page at ``path``; returns whether it changed."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    new = render(text)
-    if new != text:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(new)
-    return new != text
+    return update_page(path, render)
 
 
 if __name__ == "__main__":  # pragma: no cover - a maintainer's command

@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from . import buckets as batch_buckets
 from . import policy as training_policy
@@ -293,23 +293,34 @@ def optimizer_table(cases: Sequence[OptimizerCase] = OPTIMIZER_CASES) -> str:
 _TABLES = {"training-batches": batch_table, "training-optimizers": optimizer_table}
 
 
-def render(text: str) -> str:
-    """``text`` with every generated block (``<!-- generated: NAME -->`` ... ``<!-- end: NAME -->``) re-rendered."""
-    for name, table in _TABLES.items():
+def render_blocks(text: str, tables: Mapping[str, Callable[[], str]]) -> str:
+    """``text`` with every generated block of ``tables`` (``<!-- generated: NAME -->`` ... ``<!-- end: NAME -->``)
+    re-rendered (also the inference page's, ``inference.paths``)."""
+    for name, table in tables.items():
         pattern = re.compile(rf"(<!-- generated: {name} [^>]*-->\n)(.*?)(<!-- end: {name} -->)", re.S)
         text = pattern.sub(lambda m, t=table: m.group(1) + t() + "\n" + m.group(3), text)
     return text
 
 
-def update(path: str) -> bool:
-    """Rewrite the generated tables of the page at ``path``; returns whether it changed."""
+def update_page(path: str, render_page: Callable[[str], str]) -> bool:
+    """Rewrite the page at ``path`` with ``render_page``; returns whether it changed."""
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
-    new = render(text)
+    new = render_page(text)
     if new != text:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(new)
     return new != text
+
+
+def render(text: str) -> str:
+    """``text`` with the training tables re-rendered."""
+    return render_blocks(text, _TABLES)
+
+
+def update(path: str) -> bool:
+    """Rewrite the generated tables of the page at ``path``; returns whether it changed."""
+    return update_page(path, render)
 
 
 if __name__ == "__main__":  # pragma: no cover - a maintainer's command
