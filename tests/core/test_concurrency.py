@@ -135,6 +135,10 @@ def test_activation_racing_with_imports_in_other_threads():
 import importlib, sys, time
 TARGETS = sorted({activation._patch_module(name).TARGET for name in activation.registry.REGISTRY})
 import transformers, accelerate  # the packages first: their own __init__ is not safe to race (upstream)
+# transformers.integrations too: transformers.trainer and transformers.integrations.hub_kernels (both targets) import
+# it, and a thread then got it half-initialised ("cannot import name 'get_reporting_integration_callbacks'"), an
+# upstream race seen once in CI with the trl and embeddings extras installed (more integrations to probe)
+import transformers.integrations
 start = threading.Barrier(len(TARGETS) + 2)
 import_errors = []
 def importer(name):
