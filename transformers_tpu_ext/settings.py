@@ -1,22 +1,242 @@
-"""Every ``TRANSFORMERS_TPU_EXT_*`` setting checked up front, with the variable named.
+"""The settings layer: every ``TRANSFORMERS_TPU_EXT_*`` variable declared once, parsed one way, checked up front.
 
-Each module that reads a variable owns its parser; :data:`CHECKS` lists one function per module
-returning a message per invalid value (``environ -> list[str]``, pure, cheap, never importing torch
-or a target library). :func:`problems` runs them all; activation calls :func:`warn_about_problems`,
-which issues one warning per problem, once per process; ``transformers-tpu doctor`` lists them.
+- **Declared once.** Each capability lists its variables in ``transformers_tpu_ext.<capability>.settings``
+  as a ``SETTINGS`` tuple of :class:`Setting` (name, kind, default, accepted values, one doc line); the
+  plugin-wide ones are :data:`PLUGIN_SETTINGS` below. :func:`declared` collects them from the registry of
+  capabilities (``registry.CAPABILITIES``); the docs' table (``docs/configuration.md``) is
+  :func:`settings_table`.
+- **One parser.** :func:`parse` turns a raw value into a Python value by its setting's kind, with one
+  vocabulary for every switch (:data:`ON_WORDS`, :data:`OFF_WORDS`): ``1``/``on``/``true``/``yes``/
+  ``enable(d)`` and ``0``/``off``/``false``/``no``/``disable(d)``. A word that is a near miss of a
+  vocabulary word (``of``, ``flase``) is an error naming the word meant (:func:`near_word`), never a value.
+- **Every mistake at once.** :data:`CHECKS` lists one function per module returning a message per invalid
+  value (``environ -> list[str]``, pure, cheap, never importing torch or a target library), plus
+  :func:`unknown_names` (a ``TRANSFORMERS_TPU_EXT_*`` name nobody reads, with the closest known one).
+  :func:`problems` runs them all; activation calls :func:`warn_about_problems`, which issues one warning
+  per problem, once per process; ``transformers-tpu doctor`` lists them.
 
-A module with a new variable adds its check function to :data:`CHECKS`.
+Pure: no torch, no target library; the capabilities' ``settings`` modules are imported when first needed.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import importlib.util
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from . import log
 
-__all__ = ["CHECKS", "problems", "warn_about_problems"]
+__all__ = [
+    "CHECKS",
+    "OFF_WORDS",
+    "ON_WORDS",
+    "PLUGIN_SETTINGS",
+    "PREFIX",
+    "Setting",
+    "closest_name",
+    "declared",
+    "near_word",
+    "parse",
+    "problems",
+    "settings_table",
+    "switch",
+    "unknown_names",
+    "warn_about_problems",
+]
+
+PREFIX = "TRANSFORMERS_TPU_EXT_"
+#: The one vocabulary of every switch (and of the on/off words of the settings that take more).
+ON_WORDS = frozenset({"1", "on", "true", "yes", "enable", "enabled"})
+OFF_WORDS = frozenset({"0", "off", "false", "no", "disable", "disabled"})
+SWITCH_HELP = "use 1 or 0 (or on/off, true/false, yes/no, enable(d)/disable(d))"
+#: How close a word must be to a vocabulary word to be taken for a typo of it (``difflib`` ratio).
+NEAR = 0.6
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``TRANSFORMERS_TPU_EXT_*`` variable, as its capability declares it.
+
+    ``kind``: ``switch`` (a bool), ``integer``, ``integers`` (a comma list), ``number`` (a float),
+    ``choice`` (one of ``choices``, any case), or ``text`` (parsed by its capability: a size, a spec, a
+    directory). ``none_words``: values meaning ``None`` (the default). ``field``: the name of the
+    capability's settings field (``configure(field=...)``) when it has one. ``default`` and ``values``
+    are what the docs' table shows (Markdown).
+    """
+
+    name: str
+    kind: str
+    default: str
+    doc: str
+    values: str = ""
+    choices: tuple[str, ...] = ()
+    none_words: tuple[str, ...] = ()
+    field: str = ""
+
+    def shown_values(self) -> str:
+        if self.values:
+            return self.values
+        if self.kind == "switch":
+            return "`1`, `0`"
+        if self.kind == "choice":
+            return ", ".join(f"`{choice}`" for choice in self.choices)
+        return {"integer": "integer", "integers": "comma list of integers", "number": "number"}.get(self.kind, "text")
+
+
+def near_word(raw: str, words: Iterable[str] = ON_WORDS | OFF_WORDS) -> str | None:
+    """The vocabulary word ``raw`` is a near miss of (``of`` -> ``off``), or ``None`` (an exact word too)."""
+    lowered = raw.strip().lower()
+    words = sorted(words)
+    if not lowered or lowered in words or not lowered.isalpha():
+        return None
+    close = difflib.get_close_matches(lowered, [w for w in words if w.isalpha()], n=1, cutoff=NEAR)
+    return close[0] if close else None
+
+
+def switch(name: str, raw: str) -> bool:
+    """``True``/``False`` from the one vocabulary; ``ValueError`` naming ``name`` otherwise."""
+    lowered = raw.strip().lower()
+    if lowered in ON_WORDS:
+        return True
+    if lowered in OFF_WORDS:
+        return False
+    meant = near_word(lowered)
+    hint = f" (did you mean {meant}?)" if meant else ""
+    raise ValueError(f"{name}={raw.strip()!r}{hint}: {SWITCH_HELP}")
+
+
+def parse(setting: Setting, raw: str) -> Any:
+    """The value of ``raw`` for ``setting`` by its kind (``text`` comes back stripped). ``ValueError``
+    names the variable and what it takes."""
+    raw = raw.strip()
+    where = f"{setting.name}={raw!r}"
+    if raw.lower() in setting.none_words:
+        return None
+    if setting.kind == "switch":
+        return switch(setting.name, raw)
+    if setting.kind == "choice":
+        lowered = raw.lower()
+        if lowered in setting.choices:
+            return lowered
+        close = difflib.get_close_matches(lowered, setting.choices, n=1, cutoff=NEAR)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{where}{hint}: use one of {', '.join(setting.choices)}")
+    try:
+        if setting.kind == "integers":
+            return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
+        if setting.kind == "integer":
+            return int(raw)
+        if setting.kind == "number":
+            return float(raw)
+    except ValueError:
+        kind = {"integers": "a comma list of integers", "integer": "an integer", "number": "a number"}[setting.kind]
+        raise ValueError(f"{where}: expected {kind}") from None
+    return raw
+
+
+#: The settings of the whole plugin (not of one capability).
+PLUGIN_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "TRANSFORMERS_TPU_EXT_DISABLE", "text", "unset",
+        "`1` (or any on word, `all`): no patch is applied; a comma list of patch names: those are not applied; "
+        "`0` (or any off word): none is switched off",
+        values="`1`, `all`, `generation,hub_kernels`, `0`",
+    ),
+    Setting(
+        "TRANSFORMERS_TPU_EXT_SIMULATE", "text", "unset",
+        "installs the simulated TPU at `import torch` in every Python process that inherits the variable "
+        "(see [testing.md](testing.md)); an off word or empty: off",
+        values="`1`, `chips=4,generation=v6e,hbm=1GiB,untie_on_move=1`",
+    ),
+    Setting(
+        "TRANSFORMERS_TPU_EXT_VERBOSITY", "choice", "Transformers' verbosity",
+        "the plugin's log level, whatever Transformers' is",
+        choices=("detail", "debug", "info", "warning", "error", "critical"),
+    ),
+)
+
+
+#: Variables of the repository's scripts (``scripts/*.sh``), not of the plugin: known, never warned about.
+TOOL_NAMES = frozenset({
+    "TRANSFORMERS_TPU_EXT_VENV", "TRANSFORMERS_TPU_EXT_TORCH_TPU_VENV", "TRANSFORMERS_TPU_EXT_MATRIX_DIR",
+    "TRANSFORMERS_TPU_EXT_TEST_WORKERS",
+})
+
+
+def _settings_module(capability: str) -> Any:
+    name = f"{__package__}.{capability}.settings"
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    return importlib.import_module(name)
+
+
+_declared: dict[str, tuple[Setting, ...]] = {}
+_declared_lock = threading.Lock()
+
+
+def declared() -> dict[str, tuple[Setting, ...]]:
+    """Capability (``"plugin"`` first) -> its settings, from each capability's ``settings`` module."""
+    with _declared_lock:
+        if not _declared:
+            from .registry import CAPABILITIES
+
+            found = {"plugin": PLUGIN_SETTINGS}
+            for capability in CAPABILITIES:
+                module = _settings_module(capability)
+                if module is not None and getattr(module, "SETTINGS", ()):
+                    found[capability] = tuple(module.SETTINGS)
+            _declared.update(found)
+        return dict(_declared)
+
+
+def known_names() -> frozenset[str]:
+    """Every variable the plugin reads: the declared ones and the renamed ones (still read, with a warning)."""
+    from .config import RENAMED
+
+    return frozenset(s.name for group in declared().values() for s in group) | frozenset(RENAMED) | TOOL_NAMES
+
+
+def closest_name(name: str) -> str | None:
+    """The declared variable ``name`` is most likely a typo or an old name of (``difflib``), or ``None``."""
+    current = sorted(s.name for group in declared().values() for s in group)
+    close = difflib.get_close_matches(name.upper(), current, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """One message per ``TRANSFORMERS_TPU_EXT_*`` variable nothing reads, naming the closest known one."""
+    known = known_names()
+    messages = []
+    for name in sorted(environ):
+        if not name.startswith(PREFIX) or name in known:
+            continue
+        meant = closest_name(name)
+        hint = f": did you mean {meant}?" if meant else ""
+        messages.append(
+            f"{name} is not a transformers-tpu-ext setting and is ignored{hint} (every setting: docs/configuration.md)"
+        )
+    return messages
+
+
+BEGIN = "<!-- generated: transformers_tpu_ext.settings.settings_table -->"
+END = "<!-- end of generated table -->"
+
+
+def settings_table() -> str:
+    """The docs' table of every setting, one row per declared variable, grouped by capability."""
+    rows = ["| Variable | Capability | Values | Default | What it does |", "|---|---|---|---|---|"]
+    for capability, group in declared().items():
+        for s in group:
+            rows.append(f"| `{s.name}` | {capability} | {s.shown_values()} | {s.default} | {s.doc} |")
+    return "\n".join(rows)
 
 
 def _error_of(check: Callable[[], object]) -> list[str]:
@@ -73,28 +293,28 @@ def _tensor_parallel(environ: Mapping[str, str]) -> list[str]:
 
 
 def _serving(environ: Mapping[str, str]) -> list[str]:
-    from .serving import policy as serving
+    from .serving import settings as serving
 
     return serving.check_environment(environ)
 
 
 def _training(environ: Mapping[str, str]) -> list[str]:
-    from .training import buckets as batch_buckets
+    from .training import settings as training
 
-    return _error_of(lambda: batch_buckets.settings(environ))
+    return training.check_environment(environ)
 
 
 def _compilation(environ: Mapping[str, str]) -> list[str]:
-    from .compilation import guard
+    from .compilation import cache, guard
 
-    return guard.check_environment(environ)
+    return guard.check_environment(environ) + cache.check_environment(environ)
 
 
 def _verbosity(environ: Mapping[str, str]) -> list[str]:
     return log.check_environment(dict(environ))
 
 
-#: One check per module that reads ``TRANSFORMERS_TPU_EXT_*`` variables.
+#: One check per module that reads ``TRANSFORMERS_TPU_EXT_*`` variables, and one for names nothing reads.
 CHECKS: list[Callable[[Mapping[str, str]], list[str]]] = [
     _disable,
     _renamed,
@@ -106,6 +326,7 @@ CHECKS: list[Callable[[Mapping[str, str]], list[str]]] = [
     _training,
     _compilation,
     _verbosity,
+    unknown_names,
 ]
 
 

@@ -14,6 +14,6 @@ See ``docs/serving.md``.
 
 from __future__ import annotations
 
-from .policy import ServeSettings, configure, current, reset
+from .settings import ServeSettings, configure, current, reset
 
 __all__ = ["ServeSettings", "configure", "current", "reset"]
