@@ -67,6 +67,8 @@ _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb
 _one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
 #: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
 _activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
+#: The TPU managers a ``generate_batch`` call made (each gives the model its attention back when the call ends).
+_made: contextvars.ContextVar[list | None] = contextvars.ContextVar("tpu_ext_cb_made", default=None)
 
 
 def apply(module: Any) -> None:
@@ -77,6 +79,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(manager, "start", _start)
     _wraps.wrap(manager, "destroy", _destroy)
     _wraps.wrap(manager, "add_request", _add_request)
+    _wraps.wrap(module.ContinuousMixin, "generate_batch", _generate_batch)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
@@ -133,6 +136,9 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     finally:
         _init.reset(token)
     if _plan_of(instance.continuous_batching_config) is not None:
+        made = _made.get()
+        if made is not None:
+            made.append(instance)
         _use_tpu_attention(instance, model)
 
 
@@ -197,6 +203,31 @@ def _restore_attention(model: Any) -> None:
     original = getattr(model, "_tpu_ext_attn_original", None)
     if original is not None and str(model.config._attn_implementation).startswith(_runtime().ATTENTION_NAME + "|"):
         model.set_attn_implementation(original)
+
+
+def _generate_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Upstream's ``generate_batch``; whatever ends it (a result, an error, Ctrl-C during the warm-up or while
+    stopping), the model has its own attention back and the managers it made are stopped."""
+    made: list = []
+    token = _made.set(made)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _made.reset(token)
+        for manager in made:
+            _give_back(manager)
+
+
+def _give_back(manager: Any) -> None:
+    """Stop ``manager`` if it still runs (an interrupted stop), then give its model its attention back."""
+    try:
+        if manager.is_running():
+            manager.stop(block=True, timeout=10, hard_stop=True)
+    finally:
+        model = manager.model
+        if not (getattr(model, "_cached_continuous_batching_manager", None) is manager and manager.is_running()):
+            _restore_attention(model)
+            manager._original_attn_impl = None
 
 
 def _destroy(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
