@@ -1,13 +1,17 @@
 """Serving: Transformers' continuous batching on TPU, with a fixed set of compiled step shapes.
 
 - :mod:`.policy` (pure): which managers take the TPU path (``paged_path``, a "safe when"
-  predicate; the others are upstream's), the token and request ladders of a step, the step shapes
-  a warm-up compiles, the paged KV cache sized from the chip's HBM, the settings (:func:`configure`).
+  predicate; the others are upstream's) and int8 pages (``kv_cache_path``); it re-exports the rest
+  of the policy, each in a pure module of its own: :mod:`.shapes` (the token and request ladders of
+  a step, the step shapes a warm-up compiles), :mod:`.memory` (the paged KV cache sized from the
+  chip's HBM), :mod:`.plan` (a manager's plan and step statistics), :mod:`.settings` (the
+  ``TRANSFORMERS_TPU_EXT_SERVE_*`` variables, declared once, and :func:`configure`).
 - :mod:`.runtime`: the pieces a step runs with (padded step inputs, the paged attention and the
   dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
   compile settings).
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
-  and ``transformers serve --continuous-batching``.
+  and ``transformers serve --continuous-batching``; ``wrap_attention``: the model's attention while a
+  manager lives, given back on every exit path.
 
 See ``docs/serving.md``.
 """

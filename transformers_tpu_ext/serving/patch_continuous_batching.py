@@ -7,7 +7,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   (``serving.paged_path``: otherwise it is upstream's, unpatched), plans it (shapes, page size, max
   length, HBM) and gives the model the dispatching attention (``"tpu_paged|sdpa"``...: the paged
   kernel inside the manager's steps, the model's own attention everywhere else; restored by
-  ``stop()`` as upstream restores its own, or by ``destroy()`` for a manager never started).
+  ``stop()`` as upstream restores its own, by ``destroy()`` for a manager never started, and by
+  ``generate_batch()`` however it ends: ``wrap_attention``).
 - ``resolve_continuous_batching_config``: step shapes from the bucket ladders, the ``tpu`` compile
   backend (a CompileConfig it would reject is adapted, with one warning), no CUDA graphs, no
   asynchronous batching (streams do not work on torch_tpu 0.2.0).
@@ -33,6 +34,7 @@ import sys
 from typing import Any
 
 from . import policy as serving
+from . import wrap_attention as attention
 from ..backend import chip_info, is_tpu
 from ..wrapping import Wraps, warn_once
 
@@ -43,7 +45,6 @@ DISTRIBUTION = "transformers"
 logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
-_registered_attention: list[tuple[Any, str]] = []  # (registry, name) pairs we registered (for revert)
 _saved_recompile_limit: list[int] = []
 #: TorchDynamo's recompile limit is raised to at least this (every step shape is a recompilation of one
 #: function; past the limit TorchDynamo would silently run it eagerly), as the generation patch does.
@@ -67,19 +68,17 @@ _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb
 _one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
 #: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
 _activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
-#: The TPU managers a ``generate_batch`` call made (each gives the model its attention back when the call ends).
-_made: contextvars.ContextVar[list | None] = contextvars.ContextVar("tpu_ext_cb_made", default=None)
 
 
 def apply(module: Any) -> None:
     cache_module = sys.modules["transformers.generation.continuous_batching.cache"]
     manager = module.ContinuousBatchingManager
     _wraps.wrap(manager, "__init__", _manager_init)
-    _wraps.wrap(manager, "switch_to_cb_friendly_attn", _switch_attention)
+    _wraps.wrap(manager, "switch_to_cb_friendly_attn", attention.switch_attention)
     _wraps.wrap(manager, "start", _start)
-    _wraps.wrap(manager, "destroy", _destroy)
+    _wraps.wrap(manager, "destroy", attention.destroy)
     _wraps.wrap(manager, "add_request", _add_request)
-    _wraps.wrap(module.ContinuousMixin, "generate_batch", _generate_batch)
+    _wraps.wrap(module.ContinuousMixin, "generate_batch", attention.generate_batch)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
@@ -94,9 +93,7 @@ def apply(module: Any) -> None:
 
 def revert() -> None:
     _wraps.unwrap_all()
-    while _registered_attention:
-        mapping, name = _registered_attention.pop()
-        mapping._global_mapping.pop(name, None)
+    attention.forget()
     if _saved_recompile_limit:
         import torch._dynamo
 
@@ -136,10 +133,8 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     finally:
         _init.reset(token)
     if _plan_of(instance.continuous_batching_config) is not None:
-        made = _made.get()
-        if made is not None:
-            made.append(instance)
-        _use_tpu_attention(instance, model)
+        attention.made(instance)
+        attention.use_tpu_attention(instance, model)
 
 
 def _serve_facts(model: Any) -> serving.ServeFacts:
@@ -150,95 +145,11 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
     return serving.ServeFacts(
         tensor_parallel=getattr(model, "_device_mesh", None) is not None,
         encoder_decoder=bool(model.config.is_encoder_decoder),
-        attention=_user_attention(model),
+        attention=attention.user_attention(model),
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
     )
-
-
-def _user_attention(model: Any) -> str:
-    """The model's attention implementation as the user set it (not the dispatcher of a live manager)."""
-    current = str(model.config._attn_implementation)
-    if current.startswith(_runtime().ATTENTION_NAME + "|"):
-        return getattr(model, "_tpu_ext_attn_original", current)
-    return current
-
-
-def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    model = args[0] if args else kwargs["model"]
-    _restore_attention(model)  # a live or cached manager's dispatcher: upstream's check must see the user's
-    result = wrapped(*args, **kwargs)
-    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None:  # a cached manager, re-used
-        _use_tpu_attention(instance, model)
-    return result
-
-
-def _use_tpu_attention(manager: Any, model: Any) -> None:
-    """Give ``model`` the dispatching attention of its implementation (registered with its mask function)."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    runtime = _runtime()
-    current = str(model.config._attn_implementation)
-    if current.startswith(runtime.ATTENTION_NAME + "|"):
-        return
-    fallback = serving.PAGED_FALLBACKS[current]
-    name = runtime.attention_name(fallback)
-    for mapping, function in (
-        (ALL_ATTENTION_FUNCTIONS, runtime.dispatching_attention(fallback)),
-        (ALL_MASK_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS[fallback]),
-    ):
-        if mapping._global_mapping.get(name) is not function:
-            mapping._global_mapping[name] = function
-            _registered_attention.append((mapping, name))
-    model._tpu_ext_attn_original = current
-    model.set_attn_implementation(name)
-    if manager._original_attn_impl is None:
-        manager._original_attn_impl = current
-
-
-def _restore_attention(model: Any) -> None:
-    """Give ``model`` back the attention it had before a TPU manager switched it (nothing if none did)."""
-    original = getattr(model, "_tpu_ext_attn_original", None)
-    if original is not None and str(model.config._attn_implementation).startswith(_runtime().ATTENTION_NAME + "|"):
-        model.set_attn_implementation(original)
-
-
-def _generate_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Upstream's ``generate_batch``; whatever ends it (a result, an error, Ctrl-C during the warm-up or while
-    stopping), the model has its own attention back and the managers it made are stopped."""
-    made: list = []
-    token = _made.set(made)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _made.reset(token)
-        for manager in made:
-            _give_back(manager)
-
-
-def _give_back(manager: Any) -> None:
-    """Stop ``manager`` if it still runs (an interrupted stop), then give its model its attention back."""
-    try:
-        if manager.is_running():
-            manager.stop(block=True, timeout=10, hard_stop=True)
-    finally:
-        model = manager.model
-        if not (getattr(model, "_cached_continuous_batching_manager", None) is manager and manager.is_running()):
-            _restore_attention(model)
-            manager._original_attn_impl = None
-
-
-def _destroy(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    # Upstream restores the attention in stop(), which destroy() calls only for a running manager.
-    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None and instance._original_attn_impl:
-        model = instance.model
-        if getattr(model, "_cached_continuous_batching_manager", None) is not instance:
-            _restore_attention(model)
-            instance._original_attn_impl = None
-    return result
 
 
 def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
