@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install what it needs.
-# The first use takes a few minutes; each step is announced on stderr (stdout is the venv's path).
+# The first use takes a few minutes (6 on 2 busy cores with a local torch wheel: torch 40 s, the rest 5 min);
+# each step is announced on stderr with the seconds it took (stdout is the venv's path).
 #
 # torch comes first, as a CPU build: a bare `torch` requirement (or this pin, on PyPI) is the multi-GB
 # CUDA build on Linux. In order, the first that works:
@@ -61,12 +62,12 @@ if [ ! -f "$stamp" ]; then
         echo "bootstrap: [1/3] reusing $venv (the declared dependencies changed)" >&2
     fi
     step=$SECONDS
-    echo "bootstrap: [2/3] installing $torch_pin, a CPU build (a 200 MB download; from a local wheel, seconds)" >&2
+    echo "bootstrap: [2/3] installing $torch_pin, a CPU build (about 40 s from a local wheel; plus a 200 MB download otherwise)" >&2
     install_torch
     echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     step=$SECONDS
     echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl,embeddings] and its dependencies" \
-        "(about 100 packages, 500 MB: a minute or two on a fast link)" >&2
+        "(about 70 packages: 5 minutes or so on 2 cores)" >&2
     "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test,trl,embeddings]"
     echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     rm -f "$venv"/.transformers-tpu-ext-*

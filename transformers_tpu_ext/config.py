@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .settings import OFF_WORDS, ON_WORDS
+from .settings.parser import OFF_WORDS, ON_WORDS
 
 #: ``1``/``all`` (or any on word of the settings layer) disables every patch, ``0`` (or any off word) none; a comma list of patch
 #: names disables those.

@@ -14,7 +14,7 @@ from transformers_tpu_ext.registry import CAPABILITIES
 from transformers_tpu_ext.serving import settings as serving
 from transformers_tpu_ext.training import buckets as training
 
-ROOT = Path(settings.__file__).parents[1]
+ROOT = Path(settings.__file__).parents[2]
 
 
 def test_an_unknown_name_is_one_warning_naming_the_closest_known_one():

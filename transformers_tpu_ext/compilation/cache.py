@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..settings import OFF_WORDS, ON_WORDS, near_word
+from ..settings.parser import OFF_WORDS, ON_WORDS, near_word
 
 __all__ = [
     "CACHE_ENV",

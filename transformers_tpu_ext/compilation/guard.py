@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Overrides, check_variables
-from ..settings import parse
+from ..settings.parser import parse
 from .settings import SETTINGS
 
 __all__ = [

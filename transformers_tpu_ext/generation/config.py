@@ -18,7 +18,7 @@ from typing import Any
 from . import buckets
 from ..ladders import geometric_ladder
 from ..config import Overrides, check_variables, with_renamed
-from ..settings import parse
+from ..settings.parser import parse
 from .settings import SETTINGS
 from ..quantization import kv_cache as kv_cache_format
 

@@ -5,7 +5,7 @@ Pure data; see ``transformers_tpu_ext.settings`` for the layer that parses and c
 
 from __future__ import annotations
 
-from ..settings import Setting
+from ..settings.parser import Setting
 
 __all__ = ["SETTINGS"]
 

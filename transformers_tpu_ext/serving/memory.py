@@ -6,13 +6,10 @@ Plain functions over ints (no torch, no transformers); see ``docs/serving.md`` a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .settings import ENV
 from .shapes import _positive
-
-if TYPE_CHECKING:
-    from .plan import ServingPlan
 
 __all__ = ["CachePlan", "blocks_per_request", "cache_plan", "fit_request", "kv_budget", "page_size_for", "step_bytes"]
 
@@ -87,7 +84,7 @@ def cache_plan(
 
 
 def step_bytes(
-    plan: ServingPlan,
+    plan: Any,  # a ServingPlan (serving.plan)
     *,
     heads: int,
     kv_heads: int,

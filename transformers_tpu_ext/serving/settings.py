@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import settings
 from ..config import Overrides, check_variables
 from ..quantization import kv_cache as kv_format
-from ..settings import Setting
+from ..settings.parser import Setting, parse
 from .kernel_path import ATTENTION_SETTINGS
 from .shapes import _capped, _positive, request_ladder, token_ladder
 
@@ -135,7 +134,7 @@ class ServeSettings:
 
 
 def _parse(name: str, raw: str) -> Any:
-    return settings.parse(BY_FIELD[name], raw)
+    return parse(BY_FIELD[name], raw)
 
 
 _overrides = Overrides(ServeSettings, "serving", sequences=("token_buckets", "request_buckets"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..settings import OFF_WORDS, ON_WORDS
+from ..settings.parser import OFF_WORDS, ON_WORDS
 
 __all__ = ["CHIPS", "HOST_SHARE", "SIMULATE_ENV", "SIMULATE_KEYS", "Chip", "default_hbm", "parse_bytes", "parse_spec"]
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..ladders import geometric_ladder, round_up
 from ..length_readers import ModelLengths, padding_limit
-from ..settings import OFF_WORDS, ON_WORDS, near_word
+from ..settings.parser import OFF_WORDS, ON_WORDS, near_word
 from .settings import SETTINGS as _SETTINGS
 
 __all__ = [

@@ -1,15 +1,13 @@
-"""The variables of training on TPU, declared once (read by ``training.buckets.settings``, listed in the docs' table).
+"""The variables of training on TPU, declared once (read and checked by ``training.buckets.settings``, listed in the docs' table).
 
 Pure data; see ``transformers_tpu_ext.settings`` for the layer that parses and checks them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from ..settings.parser import Setting
 
-from ..settings import Setting
-
-__all__ = ["SETTINGS", "check_environment"]
+__all__ = ["SETTINGS"]
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS", "text", "`1`",
@@ -23,9 +21,3 @@ SETTINGS: tuple[Setting, ...] = (
             field="reuse"),
 )
 
-
-def check_environment(environ: Mapping[str, str]) -> list[str]:
-    """One message per invalid training variable, all of them at once."""
-    from .buckets import settings_problems
-
-    return settings_problems(environ)

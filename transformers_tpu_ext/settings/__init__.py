@@ -25,11 +25,10 @@ import importlib
 import importlib.util
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import log
+from .. import log
 
 __all__ = [
     "CHECKS",
@@ -49,94 +48,7 @@ __all__ = [
     "warn_about_problems",
 ]
 
-PREFIX = "TRANSFORMERS_TPU_EXT_"
-#: The one vocabulary of every switch (and of the on/off words of the settings that take more).
-ON_WORDS = frozenset({"1", "on", "true", "yes", "enable", "enabled"})
-OFF_WORDS = frozenset({"0", "off", "false", "no", "disable", "disabled"})
-SWITCH_HELP = "use 1 or 0 (or on/off, true/false, yes/no, enable(d)/disable(d))"
-#: How close a word must be to a vocabulary word to be taken for a typo of it (``difflib`` ratio).
-NEAR = 0.6
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One ``TRANSFORMERS_TPU_EXT_*`` variable, as its capability declares it.
-
-    ``kind``: ``switch`` (a bool), ``integer``, ``integers`` (a comma list), ``number`` (a float),
-    ``choice`` (one of ``choices``, any case), or ``text`` (parsed by its capability: a size, a spec, a
-    directory). ``none_words``: values meaning ``None`` (the default). ``field``: the name of the
-    capability's settings field (``configure(field=...)``) when it has one. ``default`` and ``values``
-    are what the docs' table shows (Markdown).
-    """
-
-    name: str
-    kind: str
-    default: str
-    doc: str
-    values: str = ""
-    choices: tuple[str, ...] = ()
-    none_words: tuple[str, ...] = ()
-    field: str = ""
-
-    def shown_values(self) -> str:
-        if self.values:
-            return self.values
-        if self.kind == "switch":
-            return "`1`, `0`"
-        if self.kind == "choice":
-            return ", ".join(f"`{choice}`" for choice in self.choices)
-        return {"integer": "integer", "integers": "comma list of integers", "number": "number"}.get(self.kind, "text")
-
-
-def near_word(raw: str, words: Iterable[str] = ON_WORDS | OFF_WORDS) -> str | None:
-    """The vocabulary word ``raw`` is a near miss of (``of`` -> ``off``), or ``None`` (an exact word too)."""
-    lowered = raw.strip().lower()
-    words = sorted(words)
-    if not lowered or lowered in words or not lowered.isalpha():
-        return None
-    close = difflib.get_close_matches(lowered, [w for w in words if w.isalpha()], n=1, cutoff=NEAR)
-    return close[0] if close else None
-
-
-def switch(name: str, raw: str) -> bool:
-    """``True``/``False`` from the one vocabulary; ``ValueError`` naming ``name`` otherwise."""
-    lowered = raw.strip().lower()
-    if lowered in ON_WORDS:
-        return True
-    if lowered in OFF_WORDS:
-        return False
-    meant = near_word(lowered)
-    hint = f" (did you mean {meant}?)" if meant else ""
-    raise ValueError(f"{name}={raw.strip()!r}{hint}: {SWITCH_HELP}")
-
-
-def parse(setting: Setting, raw: str) -> Any:
-    """The value of ``raw`` for ``setting`` by its kind (``text`` comes back stripped). ``ValueError``
-    names the variable and what it takes."""
-    raw = raw.strip()
-    where = f"{setting.name}={raw!r}"
-    if raw.lower() in setting.none_words:
-        return None
-    if setting.kind == "switch":
-        return switch(setting.name, raw)
-    if setting.kind == "choice":
-        lowered = raw.lower()
-        if lowered in setting.choices:
-            return lowered
-        close = difflib.get_close_matches(lowered, setting.choices, n=1, cutoff=NEAR)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ValueError(f"{where}{hint}: use one of {', '.join(setting.choices)}")
-    try:
-        if setting.kind == "integers":
-            return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
-        if setting.kind == "integer":
-            return int(raw)
-        if setting.kind == "number":
-            return float(raw)
-    except ValueError:
-        kind = {"integers": "a comma list of integers", "integer": "an integer", "number": "a number"}[setting.kind]
-        raise ValueError(f"{where}: expected {kind}") from None
-    return raw
+from .parser import NEAR, OFF_WORDS, ON_WORDS, PREFIX, SWITCH_HELP, Setting, near_word, parse, switch  # noqa: F401
 
 
 #: The settings of the whole plugin (not of one capability).
@@ -169,7 +81,7 @@ TOOL_NAMES = frozenset({
 
 
 def _settings_module(capability: str) -> Any:
-    name = f"{__package__}.{capability}.settings"
+    name = f"{__package__.rpartition('.')[0]}.{capability}.settings"
     try:
         if importlib.util.find_spec(name) is None:
             return None
@@ -186,7 +98,7 @@ def declared() -> dict[str, tuple[Setting, ...]]:
     """Capability (``"plugin"`` first) -> its settings, from each capability's ``settings`` module."""
     with _declared_lock:
         if not _declared:
-            from .registry import CAPABILITIES
+            from ..registry import CAPABILITIES
 
             found = {"plugin": PLUGIN_SETTINGS}
             for capability in CAPABILITIES:
@@ -199,7 +111,7 @@ def declared() -> dict[str, tuple[Setting, ...]]:
 
 def known_names() -> frozenset[str]:
     """Every variable the plugin reads: the declared ones and the renamed ones (still read, with a warning)."""
-    from .config import RENAMED
+    from ..config import RENAMED
 
     return frozenset(s.name for group in declared().values() for s in group) | frozenset(RENAMED) | TOOL_NAMES
 
@@ -249,19 +161,19 @@ def _error_of(check: Callable[[], object]) -> list[str]:
 
 
 def _disable(environ: Mapping[str, str]) -> list[str]:
-    from . import config
+    from .. import config
 
     return config.check_environment(dict(environ))
 
 
 def _renamed(environ: Mapping[str, str]) -> list[str]:
-    from . import config
+    from .. import config
 
     return config.check_renamed(environ)
 
 
 def _simulate(environ: Mapping[str, str]) -> list[str]:
-    from .testing import chips
+    from ..testing import chips
 
     spec = environ.get(chips.SIMULATE_ENV, "")
     if not chips.simulate_requested(spec):
@@ -274,38 +186,38 @@ def _simulate(environ: Mapping[str, str]) -> list[str]:
 
 
 def _generation(environ: Mapping[str, str]) -> list[str]:
-    from .generation import config as generation_config
+    from ..generation import config as generation_config
 
     return generation_config.check_environment(environ)
 
 
 def _placement(environ: Mapping[str, str]) -> list[str]:
-    from .placement import budget as placement
+    from ..placement import budget as placement
 
     raw = environ.get(placement.HEADROOM_ENV, "").strip()
     return _error_of(lambda: placement.parse_headroom(raw)) if raw else []
 
 
 def _tensor_parallel(environ: Mapping[str, str]) -> list[str]:
-    from .parallelism import tp_plans
+    from ..parallelism import tp_plans
 
     return _error_of(lambda: tp_plans.rewrite_mode(environ))
 
 
 def _serving(environ: Mapping[str, str]) -> list[str]:
-    from .serving import settings as serving
+    from ..serving import settings as serving
 
     return serving.check_environment(environ)
 
 
 def _training(environ: Mapping[str, str]) -> list[str]:
-    from .training import settings as training
+    from ..training import buckets as training
 
-    return training.check_environment(environ)
+    return training.settings_problems(environ)
 
 
 def _compilation(environ: Mapping[str, str]) -> list[str]:
-    from .compilation import cache, guard
+    from ..compilation import cache, guard
 
     return guard.check_environment(environ) + cache.check_environment(environ)
 
