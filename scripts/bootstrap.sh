@@ -67,7 +67,7 @@ if [ ! -f "$stamp" ]; then
     echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     step=$SECONDS
     echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl,embeddings] and its dependencies" \
-        "(about 70 packages: 5 minutes or so on 2 cores)" >&2
+        "(about 75 packages: 5 minutes or so on 2 cores)" >&2
     "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test,trl,embeddings]"
     echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     rm -f "$venv"/.transformers-tpu-ext-*
