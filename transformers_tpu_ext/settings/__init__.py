@@ -5,7 +5,8 @@
   plugin-wide ones are :data:`PLUGIN_SETTINGS` below. :func:`declared` collects them from the registry of
   capabilities (``registry.CAPABILITIES``); the docs' table (``docs/configuration.md``) is
   :func:`settings_table`.
-- **One parser.** :func:`parse` turns a raw value into a Python value by its setting's kind, with one
+- **One parser.** :func:`parse` (``settings.parser``, the lowest layer: it imports nothing of the
+  package, so every capability's declarations import it without a cycle) turns a raw value into a Python value by its setting's kind, with one
   vocabulary for every switch (:data:`ON_WORDS`, :data:`OFF_WORDS`): ``1``/``on``/``true``/``yes``/
   ``enable(d)`` and ``0``/``off``/``false``/``no``/``disable(d)``. A word that is a near miss of a
   vocabulary word (``of``, ``flase``) is an error naming the word meant (:func:`near_word`), never a value.
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import log
+from .parser import NEAR, OFF_WORDS, ON_WORDS, PREFIX, SWITCH_HELP, Setting, near_word, parse, switch  # noqa: F401
 
 __all__ = [
     "CHECKS",
@@ -47,8 +49,6 @@ __all__ = [
     "unknown_names",
     "warn_about_problems",
 ]
-
-from .parser import NEAR, OFF_WORDS, ON_WORDS, PREFIX, SWITCH_HELP, Setting, near_word, parse, switch  # noqa: F401
 
 
 #: The settings of the whole plugin (not of one capability).
