@@ -5,7 +5,8 @@
 
 Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``) and
 "Models whose rotary embedding reads the length" (``transformers_tpu_ext.length_readers.length_table``),
-and docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``), each between
+and docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``) and "Sampling
+parameters per request" (``transformers_tpu_ext.serving.sampling``), each between
 its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
 ``tests/generation/test_generation_paths_table.py`` fails when the docs and the policy differ.
 """
@@ -26,12 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from transformers_tpu_ext import length_readers
     from transformers_tpu_ext.generation import paths
-    from transformers_tpu_ext.serving import kernel_path
+    from transformers_tpu_ext.serving import kernel_path, sampling
 
     tables = (
         ("generation.md", paths.BEGIN, paths.END, paths.path_table),
         ("generation.md", length_readers.BEGIN, length_readers.END, length_readers.length_table),
         ("serving.md", kernel_path.BEGIN, kernel_path.END, kernel_path.path_table),
+        ("serving.md", sampling.BEGIN, sampling.END, sampling.path_table),
     )
     status = 0
     for name in dict.fromkeys(name for name, *_ in tables):
