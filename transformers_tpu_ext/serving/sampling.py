@@ -114,7 +114,7 @@ END = "<!-- end of generated table -->"
 _ROWS = (
     ("a model whose generation config samples (Qwen3: temperature 0.6, top-k 20, top-p 0.95; Llama 3 Instruct)",
      SamplingFacts(True, True, ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"))),
-    ("`do_sample=True` with `temperature=1.0` and no top-p (a first request of `temperature=1`)",
+    ("`do_sample=True`, `temperature=1.0`, `top_p=1.0` (a first request of `temperature=1, top_p=1`)",
      SamplingFacts(True, True, ("TopKLogitsWarper",))),
     ("a greedy generation config (`do_sample=False`, or a first request of `temperature=0`)",
      SamplingFacts(True, False, ())),
