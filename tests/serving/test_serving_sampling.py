@@ -163,7 +163,8 @@ r.update(
     started_compiled=started.graphs_compiled + started.eager_programs, started_loaded=started.programs_loaded,
     served_compiled=served.graphs_compiled + served.eager_programs,
     argmax_is_greedy=out[3:6] == greedy, sampled_lengths=[len(o) for o in out[:3]],
-    cold_first=[o[0] for o in out[6:14]], hot_first=[o[0] for o in out[14:]], greedy_first=first_token,
+    cold_first=[o[0] if o else None for o in out[6:14]], hot_first=[o[0] if o else None for o in out[14:]],
+    greedy_first=first_token,
 )
 # A first request of temperature=1.0 and top_p=1.0: generate() would have no temperature or top-p
 # processor; the plugin adds identity ones, so the programs are the same.
