@@ -71,10 +71,10 @@ def test_temperature_and_top_k_per_request_compute_what_generate_computes():
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     gen = torch.Generator().manual_seed(0)
-    for trial in range(40):
+    for trial in range(12):
         scores = torch.randn(3, 500, generator=gen) * (1 + trial % 5)
         scores[0, :7] = scores[0, 7]  # ties at the threshold
-        temperature, k, p = 0.05 + 2 * float(torch.rand(1, generator=gen)), 1 + trial % 30, 0.05 + 0.9 * trial / 40
+        temperature, k, p = 0.05 + 2 * float(torch.rand(1, generator=gen)), 1 + 2 * trial, 0.05 + 0.9 * trial / 12
         for processor in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(k), TopPLogitsWarper(p)):
             converted, args = _per_request(processor, 3)
             assert torch.equal(converted(scores, args), processor(None, scores)), processor
@@ -98,6 +98,37 @@ def test_top_p_per_request_rounds_its_threshold_in_float32():
     converted, args = _per_request(TopPLogitsWarper(0.9), 1)
     assert TopPLogitsWarper(0.9)(None, scores)[0, 0].item() == 0.0  # generate(): kept
     assert converted(scores, args)[0, 0].item() == float("-inf")  # per request: dropped
+
+
+def _processors(model, **config):
+    import torch
+    from transformers import GenerationConfig
+
+    manager = model.init_continuous_batching(generation_config=GenerationConfig(**config))
+    try:
+        processors = manager.logit_processor
+        defaults = torch.empty((processors.tensors_required, 1), dtype=torch.int32)
+        processors.fill_defaults(defaults)
+        values = [row.view(torch.float32).item() if "TopK" not in type(p).__name__ else row.item()
+                  for row, p in zip(defaults, processors.logits_processor)]
+        return [type(p).__name__.replace("ContinuousBatching", "").replace("LogitsWarper", "")
+                for p in processors.logits_processor], values
+    finally:
+        manager.destroy()
+
+
+def test_a_tpu_manager_that_samples_builds_per_request_processors(simulated_tpu):
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3")
+    qwen3 = dict(do_sample=True, temperature=0.6, top_k=20, top_p=0.95)
+    assert _processors(model, **qwen3) == (["Temperature", "TopK", "TopP"], [])  # on the CPU: upstream's
+    model.to("tpu")
+    assert _processors(model, **qwen3) == (["Temperature", "TopK", "TopP"], [0.6000000238418579, 20, 0.949999988079071])
+    # A first request of temperature=1, top_p=1: the same kinds, identity values.
+    assert _processors(model, do_sample=True, temperature=1.0, top_k=20, top_p=1.0) == (
+        ["Temperature", "TopK", "TopP"], [1.0, 20, 1.0])
+    assert _processors(model, do_sample=False) == ([], [])  # greedy: untouched
 
 
 def _env(**changes: str) -> dict[str, str]:
