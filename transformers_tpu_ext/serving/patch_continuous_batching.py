@@ -326,7 +326,10 @@ def _processor_list(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
         return wrapped(*args, **kwargs)
     from transformers.generation import logits_process
 
-    made = [processors[p] if isinstance(p, int) else getattr(logits_process, p)(sampling.IDENTITY[p]) for p in sampling.completed(facts.processors)]
+    made = [
+        processors[p] if isinstance(p, int) else getattr(logits_process, p)(sampling.IDENTITY[p])
+        for p in sampling.completed(facts.processors)
+    ]
     bound.update(logits_processor=logits_process.LogitsProcessorList(made), per_request_processors=True)
     return wrapped(**bound)
 

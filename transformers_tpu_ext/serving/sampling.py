@@ -98,7 +98,8 @@ def completed(processors: tuple[str, ...]) -> tuple[int | str, ...]:
         plan.insert(at, "TemperatureLogitsWarper")
         names.insert(at, "TemperatureLogitsWarper")
     if "TopPLogitsWarper" not in names:
-        at = max(i for i, name in enumerate(names) if name in ("TemperatureLogitsWarper", "TopHLogitsWarper", "TopKLogitsWarper")) + 1
+        before = ("TemperatureLogitsWarper", "TopHLogitsWarper", "TopKLogitsWarper")
+        at = max(i for i, name in enumerate(names) if name in before) + 1
         plan.insert(at, "TopPLogitsWarper")
     return tuple(plan)
 
@@ -129,7 +130,8 @@ def path_rows() -> list[tuple[str, str, str]]:
     for what, facts in _ROWS:
         taken, why = per_request_path(facts)
         if taken:
-            names = [facts.processors[p] if isinstance(p, int) else f"{p}({IDENTITY[p]})" for p in completed(facts.processors)]
+            plan = completed(facts.processors)
+            names = [facts.processors[p] if isinstance(p, int) else f"{p}({IDENTITY[p]})" for p in plan]
             shown = "per request: " + ", ".join(_short(name) for name in names)
         else:
             shown = "Transformers': " + (", ".join(_short(name) for name in facts.processors) or "none (argmax)")
