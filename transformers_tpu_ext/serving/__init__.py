@@ -9,6 +9,8 @@
 - :mod:`.runtime`: the pieces a step runs with (padded step inputs, the paged attention and the
   dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
   compile settings).
+- :mod:`.sampling` (pure): when a manager's temperature, top-k and top-p are per-request tensors of
+  the step (``per_request_path``) rather than numbers compiled into its programs.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
   and ``transformers serve --continuous-batching``; ``wrap_attention``: the model's attention while a
   manager lives, given back on every exit path.

@@ -20,6 +20,9 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
 - the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
+- ``ContinuousBatchingLogitsProcessorList.__init__``: a manager that samples reads temperature, top-k
+  and top-p per request from a tensor of the step (``serving.sampling.per_request_path``), not from
+  numbers compiled into its programs.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
 
@@ -34,6 +37,7 @@ import sys
 from typing import Any
 
 from . import policy as serving
+from . import sampling
 from . import wrap_attention as attention
 from ..backend import chip_info, is_tpu
 from ..wrapping import Wraps, warn_once
@@ -54,8 +58,9 @@ _RECOMPILE_LIMIT = 64
 class _Init:
     """What the ``__init__`` wrapper knows while upstream's ``__init__`` runs (read by the resolve wrapper)."""
 
-    def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any) -> None:
+    def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any, generation_config: Any = None) -> None:
         self.model, self.settings, self.user_config = model, settings, user_config
+        self.generation_config = generation_config
         chip = chip_info()
         from ..placement.budget import headroom_bytes
 
@@ -82,6 +87,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
+    _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
     allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
@@ -127,7 +133,8 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     # The user's own mistakes (a bad TRANSFORMERS_TPU_EXT_SERVE_* or HBM headroom value) raise here.
     settings = serving.current()
     user_config = args[2] if len(args) > 2 else kwargs.get("continuous_batching_config")
-    token = _init.set(_Init(model, settings, user_config))
+    generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    token = _init.set(_Init(model, settings, user_config, generation_config))
     try:
         wrapped(*args, **kwargs)
     finally:
@@ -240,6 +247,33 @@ def _raise_recompile_limit(limit: int) -> None:
         if not _saved_recompile_limit:
             _saved_recompile_limit.append(current)
         torch._dynamo.config.recompile_limit = limit
+
+
+def _processor_list(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """The manager's logits processors: per request (``serving.sampling.per_request_path``) on the TPU path."""
+    init = _init.get()
+    if init is None:
+        return wrapped(*args, **kwargs)
+    bound = {**dict(zip(("logits_processor", "per_request_processors", "drop_unsupported_processors"), args)), **kwargs}
+    processors = list(bound["logits_processor"])
+    facts = sampling.SamplingFacts(
+        tpu_path=True,
+        do_sample=bool(getattr(init.generation_config, "do_sample", False)),
+        processors=tuple(type(p).__name__ for p in processors),
+        upstream_classes=all(type(p).__module__.startswith("transformers.") for p in processors),
+    )
+    taken, why = sampling.per_request_path(facts)
+    logger.debug("transformers-tpu-ext: continuous batching logits processors: %s", why)
+    if not taken:
+        return wrapped(*args, **kwargs)
+    from transformers.generation import logits_process
+
+    made = [
+        processors[p] if isinstance(p, int) else getattr(logits_process, p)(sampling.IDENTITY[p])
+        for p in sampling.completed(facts.processors)
+    ]
+    bound.update(logits_processor=logits_process.LogitsProcessorList(made), per_request_processors=True)
+    return wrapped(**bound)
 
 
 def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
