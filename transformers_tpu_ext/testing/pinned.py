@@ -39,6 +39,7 @@ _UPSTREAM = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutogr
 _PINNED: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 _LIBRARY: Any = None
 
+
 def _for_tpu(device: Any) -> bool:
     if device is None:
         current = torch.accelerator.current_accelerator()
