@@ -152,8 +152,9 @@ def _generation(ctx: Context, arch: str) -> dict[str, Any]:
             samples.append(model.generate(ids[:1].to("tpu"), max_new_tokens=NEW, do_sample=True, top_k=20).cpu())
         assert torch.equal(*samples), f"seeded sampling is not reproducible: {samples[0].tolist()} vs {samples[1].tolist()}"
         before = ctx.programs()
-        # One row: the call after it has one (the 2-row buckets would only add programs to compile).
-        warmup(model, max_prompt_length=16, max_new_tokens=NEW, max_batch_size=1)
+        # The call after it: one row, a prompt shorter than PROMPT (more rows or longer prompts would only
+        # add buckets to compile: prompts up to 16 tokens, padding included, are one bucket).
+        warmup(model, max_prompt_length=PROMPT, max_new_tokens=NEW, max_batch_size=1)
         facts["warmup_programs"] = ctx.programs() - before
         with no_new_programs(f"{arch}: greedy generate() of a new prompt length after warmup()"):
             got = model.generate(other.to("tpu"), max_new_tokens=NEW, do_sample=False)
@@ -176,7 +177,7 @@ def decode_bytes(ctx: Context) -> dict[str, Any]:
     from ..testing.tiny import tiny_model
 
     model = tiny_model("qwen3", seed=0).to("tpu")
-    ids = _ids(model.config.vocab_size, 2, PROMPT, 3).to("tpu")
+    ids = _ids(model.config.vocab_size, 1, PROMPT, 3).to("tpu")  # one row: the programs generate_qwen3 made
     per_call = {}
     for new in (4, 4, 12):  # the first call warms up; the last two differ by 8 decode steps
         before = ctx.traffic()
