@@ -1,4 +1,7 @@
-"""Run a snippet in a fresh interpreter (activation is process-global) and read its JSON answer."""
+"""Run a snippet or a worker script in a fresh interpreter (activation is process-global) and read its JSON answer.
+
+A snippet of a few lines stays next to its test, as a string; anything longer is a worker module of the test's
+folder (``*_worker.py``: importable and linted), which reports with :func:`_worker.report`."""
 
 from __future__ import annotations
 
@@ -7,21 +10,17 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-PREFIX = "@@RESULT@@"
+from _worker import PREFIX
 
-COMMON = """
-import json, sys
-def report(value):
-    print("@@RESULT@@" + json.dumps(value), flush=True)
-def patched_targets():
-    from transformers_tpu_ext import activation
-    return [n for n in activation.registry.REGISTRY if activation._patch_module(n).TARGET in sys.modules]
-"""
+HERE = Path(__file__).resolve().parent
+COMMON = "import json, sys\nfrom _worker import patched_targets, report\n"
 
 
-def run_python(code: str, env: dict[str, str | None] | None = None, timeout: float = 240) -> tuple[object, str]:
-    """Run ``code`` (which calls ``report(value)`` once); returns (value, stderr)."""
+def run_python(code: str | Path, env: dict[str, str | None] | None = None, timeout: float = 240) -> tuple[object, str]:
+    """Run ``code``, a snippet or the path of a worker script, which calls ``report(value)`` once; returns
+    (value, stderr)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
     environ.setdefault("HF_HUB_OFFLINE", "1")
     environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -30,8 +29,10 @@ def run_python(code: str, env: dict[str, str | None] | None = None, timeout: flo
             environ.pop(key, None)
         else:
             environ[key] = value
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), environ.get("PYTHONPATH")]))
+    command = [str(code)] if isinstance(code, Path) else ["-c", COMMON + textwrap.dedent(code)]
     proc = subprocess.run(
-        [sys.executable, "-c", COMMON + textwrap.dedent(code)],
+        [sys.executable, *command],
         capture_output=True,
         text=True,
         env=environ,

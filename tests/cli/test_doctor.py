@@ -59,6 +59,7 @@ def test_json_report_without_a_tpu(v6e, capsys):
     assert "chips" not in report["tpu"]
 
 
+@pytest.mark.slow
 def test_text_report_without_a_tpu_from_the_command_line_with_a_disabled_patch(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
     env["TRANSFORMERS_TPU_EXT_DISABLE"] = "hub_kernels"

@@ -50,6 +50,7 @@ def _prompts(count, low, high, seed=0):
     return [torch.randint(2, 300, (1, n), generator=gen) for n in lengths]
 
 
+@pytest.mark.slow
 def test_generate_silent_over_100_steady_state_calls_then_names_the_warmup_that_covers_a_longer_prompt(
     simulated_tpu, guard_settings, reference, caplog
 ):
@@ -75,6 +76,7 @@ def test_generate_silent_over_100_steady_state_calls_then_names_the_warmup_that_
     assert "TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS" in report
 
 
+@pytest.mark.slow
 def test_error_mode_fails_before_compiling_and_leaves_the_model_usable(simulated_tpu, guard_settings, reference):
     model = tiny.tiny_model("qwen3", seed=0).to("tpu")
     ext.warmup(model, max_prompt_length=16, max_new_tokens=3)
@@ -91,6 +93,7 @@ def test_error_mode_fails_before_compiling_and_leaves_the_model_usable(simulated
     assert torch.equal(out.cpu(), reference.generate(short, max_new_tokens=2, do_sample=False))
 
 
+@pytest.mark.slow
 def test_without_backend_statistics_the_guard_counts_on_its_own(simulated_tpu, guard_settings, monkeypatch, caplog):
     # Another TPU backend with torch_tpu's public surface but none of its private cache functions.
     for name in ("_get_cache_misses", "_set_cache_only"):
@@ -111,6 +114,7 @@ def test_without_backend_statistics_the_guard_counts_on_its_own(simulated_tpu, g
         model.generate(longer.to("tpu"), max_new_tokens=2, do_sample=False)
 
 
+@pytest.mark.slow
 def test_without_a_warmup_the_guard_watches_after_the_settle_period(simulated_tpu, guard_settings, caplog):
     guard_settings.configure(settle=3)
     model = tiny.tiny_model("qwen3", seed=0).to("tpu")
@@ -129,6 +133,7 @@ def test_without_a_warmup_the_guard_watches_after_the_settle_period(simulated_tp
     assert len(_reports(caplog)) == 1
 
 
+@pytest.mark.slow
 def test_ignore_and_no_tpu_leave_the_call_alone(simulated_tpu, guard_settings, caplog):
     guard_settings.configure(on_recompile="ignore", settle=0)
     model = tiny.tiny_model("qwen3", seed=0).to("tpu")

@@ -23,6 +23,7 @@ pytest.importorskip("transformers")
 import transformers_tpu_ext as ext  # noqa: E402
 from transformers_tpu_ext.testing import tiny  # noqa: E402
 
+@pytest.mark.slow
 def test_two_threads_generating_at_once_get_their_own_tokens(simulated_tpu):
     import transformers.generation.utils  # noqa: F401
 

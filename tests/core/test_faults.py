@@ -142,6 +142,7 @@ def test_bug_in_the_generation_wrapper_still_generates_upstream(plugin, monkeypa
     assert any(FALLBACK in r.getMessage() and "injected fault in plan" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_bug_in_the_decoding_loop_choice_runs_upstreams_loop(plugin, monkeypatch, caplog):
     from transformers_tpu_ext.generation import policy as generation_policy
 

@@ -32,6 +32,7 @@ def _lines(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_warmup_shows_a_bar_and_one_info_line_per_compiled_bucket(simulated_tpu, verbosity, caplog, capsys):
     import transformers.generation.utils  # noqa: F401
 

@@ -55,8 +55,9 @@ def _multi_process(page: Path) -> bool:
 
 
 def _param(page: Path) -> object:
-    marks = [pytest.mark.slow] if _multi_process(page) else []
-    return pytest.param(page, id=str(page.relative_to(ROOT)), marks=marks)
+    # Every page runs its examples in fresh interpreters (the longest, the multi-process pages, first):
+    # the everyday loop (-m "not slow") leaves them to the whole suite.
+    return pytest.param(page, id=str(page.relative_to(ROOT)), marks=[pytest.mark.slow])
 
 
 @pytest.fixture(scope="session")

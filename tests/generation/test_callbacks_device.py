@@ -73,6 +73,7 @@ def _generate(model, ids, device, **kwargs):
     return out.cpu(), bias.devices, stop.devices
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [dict(do_sample=False), dict(num_beams=2, do_sample=False)], ids=["greedy", "beams"])
 def test_processors_and_criteria_get_tpu_tensors_and_cpu_tokens(simulated_tpu, models, mode):
     ids = torch.tensor([[5, 17, 33, 2, 40], [8, 8, 12, 60, 3]])
@@ -85,6 +86,7 @@ def test_processors_and_criteria_get_tpu_tensors_and_cpu_tokens(simulated_tpu, m
     assert torch.equal(out, expected)
 
 
+@pytest.mark.slow
 def test_inputs_on_the_host_keep_host_callbacks(simulated_tpu, models):
     ids = torch.tensor([[5, 17, 33, 2, 40]])
     model = tiny.tiny_model("llama", seed=1).to("tpu")

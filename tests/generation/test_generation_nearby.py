@@ -39,6 +39,7 @@ from test_generation_paths import (  # noqa: E402
 )
 
 
+@pytest.mark.slow
 def test_inputs_embeds_with_a_dynamic_cache_get_the_cpus_tokens(tpu):  # noqa: F811
     model = context_sensitive_model()
     ids, mask = ragged_batch(model.config.vocab_size)
@@ -56,6 +57,7 @@ def test_inputs_embeds_with_a_dynamic_cache_get_the_cpus_tokens(tpu):  # noqa: F
     assert_same_tokens(got, expected)
 
 
+@pytest.mark.slow
 def test_several_sampled_sequences_with_a_dynamic_cache_get_the_cpus_tokens(tpu):  # noqa: F811
     model = context_sensitive_model()
     ids, mask = ragged_batch(model.config.vocab_size)
@@ -73,6 +75,7 @@ def test_several_sampled_sequences_with_a_dynamic_cache_get_the_cpus_tokens(tpu)
     assert_same_tokens(got, expected)
 
 
+@pytest.mark.slow
 def test_use_cache_false_with_a_returned_dict_gets_the_cpus_tokens(tpu):  # noqa: F811
     model = context_sensitive_model()
     ids, mask = ragged_batch(model.config.vocab_size)
@@ -136,6 +139,7 @@ def test_a_generate_nested_in_a_logits_processor_is_its_own_call(tpu):  # noqa: 
 # Found while implementing issue 18 (same class: a path next to a tested one, not proven equal)
 
 
+@pytest.mark.slow
 def test_classifier_free_guidance_gets_the_cpus_tokens(tpu):  # noqa: F811
     # Its logits processor runs the model on the sequences, which a handled call keeps on the CPU:
     # on main it raised "aten.embedding.default: tensor is expected to be on tpu, got cpu".
@@ -178,6 +182,7 @@ def test_a_model_that_derives_its_positions_itself_gets_the_cpus_tokens(tpu):  #
     assert_same_tokens(got, expected)
 
 
+@pytest.mark.slow
 def test_a_static_cache_upstream_makes_after_the_plugins_has_upstreams_length(tpu):  # noqa: F811
     # N9: a call the plugin leaves to upstream (prompt lookup) that makes a static cache, on a model
     # the plugin used before, sized it from the plugin's own 64-slot cache (on main).

@@ -141,6 +141,7 @@ DYNAMIC_CACHE_CALLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", list(DYNAMIC_CACHE_CALLS))
 def test_a_padded_batch_with_a_dynamic_cache_gets_the_cpus_tokens(tpu, monkeypatch, how):
     # Issue 18, item 1: the device loop's 2D mask stops at the prompt, so the model pads it with

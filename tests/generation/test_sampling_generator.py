@@ -26,6 +26,7 @@ def tpu(simulated_tpu):
     return simulated_tpu
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options", [{}, {"repetition_penalty": 1.3}, {"num_beams": 2}], ids=["device loop", "host loop", "beam sampling"]
 )
@@ -58,6 +59,7 @@ class _DrawsOnTheHost:
         return scores
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inputs_on", ["cpu", "tpu"])
 def test_a_callbacks_own_draws_keep_the_host_generator(tpu, inputs_on):
     # With host inputs upstream samples on the host; with device inputs on the device; a callback's own

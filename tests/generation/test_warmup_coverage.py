@@ -16,6 +16,7 @@ import transformers_tpu_ext  # noqa: E402
 from transformers_tpu_ext.testing import tiny  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_longest_prompt_without_padding_is_warmed_up(simulated_tpu, no_new_programs):
     reference = tiny.tiny_model("qwen3", seed=0)
     tiny.check_context_sensitive(reference)

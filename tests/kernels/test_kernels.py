@@ -80,6 +80,7 @@ except Exception as error:
 """
 
 
+@pytest.mark.slow
 def test_kernelize_imported_from_transformers_first_names_the_install_command():
     (early, kind, message), _ = run_python(KERNELIZE_FIRST)
     assert early is True

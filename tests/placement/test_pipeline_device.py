@@ -40,6 +40,7 @@ def _cpu_text(model_dir: str, prompt: str) -> str:
     return cpu(prompt, **GREEDY)[0]["generated_text"]
 
 
+@pytest.mark.slow
 def test_a_tpu_model_handed_to_pipeline_stays_on_the_tpu(tpu, model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir, device_map="auto")
     assert model.device.type == "tpu"

@@ -99,6 +99,7 @@ def test_pipeline_reads_integer_devices_as_the_chip(simulated_tpu, llama_dir) ->
         assert pipeline("text-generation", model=llama_dir).device.type == "cpu"
 
 
+@pytest.mark.slow
 def test_pipeline_device_map_auto_generates_on_tpu(simulated_tpu, qwen3_dir) -> None:
     pipe = pipeline("text-generation", model=qwen3_dir, device_map="auto")
     assert pipe.model.device.type == "tpu"
@@ -109,6 +110,7 @@ def test_pipeline_device_map_auto_generates_on_tpu(simulated_tpu, qwen3_dir) -> 
     assert len(text) > len(tiny.TINY_TEXT[0])
 
 
+@pytest.mark.slow
 def test_pipeline_device_tpu(simulated_tpu, qwen3_dir) -> None:
     pipe = pipeline("text-generation", model=qwen3_dir, device="tpu")
     assert pipe.model.device.type == "tpu"
@@ -258,6 +260,7 @@ def test_tied_weights_stay_tied(simulated_tpu, qwen3_dir, move) -> None:
     assert not _tied(untied)  # the quirk is real
 
 
+@pytest.mark.slow
 def test_tied_weights_stay_tied_when_the_tpu_appears_after_transformers() -> None:
     # The patch decides "is there a TPU?" when a model moves, not when Transformers is imported:
     # here the TPU is registered (Module.tpu() appears) after the patch was applied.

@@ -9,113 +9,18 @@ then a sliding-window model (Mistral, window 8); then the models and JAXs the ke
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from _subprocess import run_python
 
+# Its scenarios run in a fresh interpreter (a worker script): the everyday loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
 
-SCRIPT = r"""
-import logging, sys
-import torch
-from transformers import GenerationConfig
-from transformers_tpu_ext import testing
-from transformers_tpu_ext.serving import policy as serving
-from transformers_tpu_ext.testing import pallas as simulated_pallas
-from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model
-
-sim = testing.install(chips=1, hbm_bytes="128MiB")
-gc = GenerationConfig(do_sample=False, eos_token_id=1, pad_token_id=0)
-r = {}
-
-def prompts(model, lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, model.config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
-
-def reference(model, ps, news):
-    return [model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(p):].tolist()
-            for p, n in zip(ps, news)]
-
-def serve(model, ps, news, cache_only=True):
-    manager = model.init_continuous_batching(generation_config=gc)
-    plan = manager.continuous_batching_config.tpu_plan
-    manager.warmup()
-    manager.start()
-    simulated_pallas.STATS.reset()
-    before = sim.counters()
-    torch.tpu._set_cache_only(cache_only)  # a program the warm-up did not compile raises
-    try:
-        ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(ps, news)]
-        results = {}
-        while len(results) < len(ids):
-            out = manager.get_result(timeout=600)
-            assert out is not None, "no result"
-            if out.is_finished():
-                results[out.request_id] = out.generated_tokens
-    finally:
-        torch.tpu._set_cache_only(False)
-    stream = sim.counters() - before
-    manager.stop(block=True)
-    manager.destroy()
-    return [results[i] for i in ids], plan, stream
-
-# A. The kernel path: mixed lengths, prefill chunks and decodes in the same steps.
-model = tiny_model("qwen3", seed=0, head_dim=128)
-check_context_sensitive(model)
-lengths, news = [1, 90, 9, 40, 20], [5, 3, 5, 4, 5]
-ps = prompts(model, lengths)
-ref = reference(model, ps, news)
-model.to("tpu")
-got, plan, stream = serve(model, ps, news)
-stats = plan.stats.asdict()
-r["kernel"] = dict(
-    attention=plan.attention, match=got == ref, stream_programs=stream.programs,
-    calls=simulated_pallas.STATS.calls, layers=model.config.num_hidden_layers, steps=stats["steps"],
-    # the simulator's count of what the kernel read, and the plugin's (per layer) count of the same
-    simulated_read=simulated_pallas.STATS.kv_bytes_read, planned_read=stats["kv_bytes_read"],
-    decode_ratio=stats["decode_kv_read_over_held"], page_size=plan.page_size, max_len=plan.max_len,
-)
-
-# B. The same requests with the present plain-PyTorch paged attention: same tokens, max_len gathers.
-serving.configure(attention="paged")
-got, plan, stream = serve(model, ps, news)
-r["present"] = dict(attention=plan.attention, match=got == ref, calls=simulated_pallas.STATS.calls,
-                    decode_ratio=plan.stats.asdict()["decode_kv_read_over_held"])
-serving.reset()
-
-# C. A sliding-window model (window 8, prompts past it): the window goes to the kernel.
-mistral = tiny_model("mistral", seed=0, head_dim=128)
-check_context_sensitive(mistral)
-ps_c, news_c = prompts(mistral, [3, 20], seed=1), [3, 3]
-ref_c = reference(mistral, ps_c, news_c)
-mistral.to("tpu")
-got, plan, _ = serve(mistral, ps_c, news_c)
-r["sliding"] = dict(attention=plan.attention, match=got == ref_c)
-
-# D. What the kernel cannot take: the present path, said once, with its reason.
-class Said(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-def attention_of(model):
-    said = Said()
-    logging.getLogger("transformers_tpu_ext").addHandler(said)
-    try:
-        manager = model.init_continuous_batching(generation_config=gc)
-    finally:
-        logging.getLogger("transformers_tpu_ext").removeHandler(said)
-    plan = manager.continuous_batching_config.tpu_plan
-    manager.destroy()
-    return plan.attention, [m for m in said.messages if "paged attention" in m]
-
-r["head_64"] = attention_of(tiny_model("qwen3", seed=0, head_dim=64).to("tpu"))
-sys.modules["jax.experimental.pallas.ops.tpu.ragged_paged_attention"] = None  # a JAX without the kernel
-r["no_kernel"] = attention_of(tiny_model("qwen3", seed=1, head_dim=128).to("tpu"))
-report(r)
-"""
+SCRIPT = Path(__file__).with_name("ragged_serving_worker.py")
 
 ENV = {
     "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS": "32",
@@ -133,19 +38,16 @@ def served():
     return run_python(SCRIPT, env=ENV, timeout=1500)[0]
 
 
-@pytest.mark.slow
 def test_the_kernel_path_gives_the_tokens_of_plain_transformers_on_cpu(served):
     kernel = served["kernel"]
     assert kernel["attention"] == "ragged" and kernel["match"]
     assert kernel["calls"] == kernel["steps"] * kernel["layers"]  # one kernel call per layer and step
 
 
-@pytest.mark.slow
 def test_the_kernel_path_compiles_nothing_after_the_warmup(served):
     assert served["kernel"]["stream_programs"] == 0  # and cache-only mode raised on none
 
 
-@pytest.mark.slow
 def test_the_kernel_reads_the_pages_the_requests_hold(served):
     kernel = served["kernel"]
     # What the simulator saw the kernel read is what the plugin counts, layer by layer.
@@ -155,17 +57,14 @@ def test_the_kernel_reads_the_pages_the_requests_hold(served):
     assert served["present"]["decode_ratio"] > 3 * kernel["decode_ratio"]
 
 
-@pytest.mark.slow
 def test_the_present_path_gives_the_same_tokens_without_the_kernel(served):
     assert served["present"] == {**served["present"], "attention": "paged", "match": True, "calls": 0}
 
 
-@pytest.mark.slow
 def test_the_sliding_window_goes_to_the_kernel(served):
     assert served["sliding"] == {"attention": "ragged", "match": True}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, reason", [("head_64", "head size 64 (the kernel takes multiples of 128)"), ("no_kernel", "has no ragged paged attention kernel")]
 )

@@ -565,6 +565,7 @@ def test_tiny_model_greedy_generate_matches_cpu(sim, tiny_models, cache):
 # --- processes --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_env_var_installs_the_simulator_at_import_torch():
     value, _ = run_python(
         """
@@ -580,6 +581,7 @@ report([str(torch.accelerator.current_accelerator()), torch.accelerator.device_c
     assert value == ["tpu", 8, "TPU v5p", 2**30, True, "tpu:0"]
 
 
+@pytest.mark.slow
 def test_refuses_to_install_where_a_real_tpu_backend_is_active():
     value, _ = run_python(
         """

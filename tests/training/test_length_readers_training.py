@@ -57,6 +57,7 @@ def longrope_phi3():
     )
 
 
+@pytest.mark.slow
 def test_dynamic_rope_short_batches_stay_below_the_threshold(simulated_tpu, tmp_path):
     """Dynamic NTK resets its frequencies only on a forward shorter than max_position_embeddings (64). Before
     the fix, short batches were padded to exactly 64, so after one long batch the frequencies never reset."""

@@ -159,6 +159,7 @@ def test_bucket_collator_pads_right_and_ignores_padding():
 # -- compile and the optimizer -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @requires_trainer
 def test_torch_compile_uses_the_tpu_backend_and_compiles_once(simulated_tpu, cpu_reference, tmp_path, caplog):
     counter = step_counter(simulated_tpu)
@@ -360,6 +361,7 @@ def test_ddp_finds_unused_parameters_of_a_tpu_module_as_on_a_chip(simulated_tpu)
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @requires_trainer
 def test_without_a_tpu_nothing_changes():
     """A process with no TPU at all (no simulator): the patches are applied and change nothing."""

@@ -69,6 +69,7 @@ def test_trainer_save_model_after_training_reloads_equal_and_tied(simulated_tpu,
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
 
 
+@pytest.mark.slow
 @requires_trainer
 def test_checkpoints_save_and_resume_on_chip_like_storage(simulated_tpu, tmp_path):
     simulated_tpu.configure(untie_on_move=True)

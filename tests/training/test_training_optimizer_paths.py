@@ -73,6 +73,7 @@ def test_accelerate_loop_adamw_with_linear_warmup_from_lr_0_matches_cpu(simulate
     assert max_diff(tpu, cpu) < TOLERANCE, (tpu, cpu)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, compiled",
     [
@@ -143,6 +144,7 @@ def test_peft_lora_with_warmup_matches_cpu(simulated_tpu, tmp_path):
 # -- item 13: the learning rate users and Transformers read is a float ---------------------------------
 
 
+@pytest.mark.slow
 @requires_trainer
 @pytest.mark.parametrize("schedule", ["reduce_lr_on_plateau", "greedy"])
 def test_learning_rate_users_read_is_a_float(simulated_tpu, tmp_path, schedule):
