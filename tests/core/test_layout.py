@@ -147,9 +147,6 @@ def test_the_architecture_table_matches_the_registry():
     ("old", "new"),
     [
         ("transformers_tpu_ext.launch", "transformers_tpu_ext.cli.launch"),
-        ("transformers_tpu_ext.tp_plans", "transformers_tpu_ext.parallelism.tp_plans"),
-        ("transformers_tpu_ext.generation_config", "transformers_tpu_ext.generation.config"),
-        ("transformers_tpu_ext.generation_policy", "transformers_tpu_ext.generation.policy"),
     ],
 )
 def test_import_paths_the_docs_named_before_the_folders_still_import(old, new):
