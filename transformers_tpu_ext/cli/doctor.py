@@ -29,8 +29,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .. import __version__
-from .. import backend, config, settings, topology, versions
-from ..progress import Progress
+from .. import backend, config, settings
+from ..core import topology, versions
+from ..core.progress import Progress
 from ..testing.chips import SIMULATE_ENV
 from ..kernels.patch_hub_kernels import INSTALL as KERNELS_INSTALL
 from ..kernels.patch_hub_kernels import KERNELS_TPU_MIN

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from . import guard, recompile
 from ..backend import is_tpu
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_train"
 TARGET = "transformers.trainer"

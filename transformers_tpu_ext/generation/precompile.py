@@ -12,7 +12,7 @@ from typing import Any
 
 from . import buckets
 from . import config as settings_module
-from ..progress import Progress
+from ..core.progress import Progress
 
 __all__ = ["warmup"]
 

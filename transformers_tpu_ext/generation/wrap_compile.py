@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ..backend import is_tpu
-from ..wrapping import fail_safe
+from ..core.wrapping import fail_safe
 from . import config as settings_module
 from . import policy
 from .call import CURRENT, bind

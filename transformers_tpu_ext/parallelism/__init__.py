@@ -6,6 +6,6 @@
 - ``patch_tp_kv_cache``: sizes the static KV cache for the heads a rank holds after a rewrite.
 
 Launching one process per chip is ``transformers-tpu launch`` (:mod:`transformers_tpu_ext.cli.launch`);
-which process counts a chip generation runs is :mod:`transformers_tpu_ext.topology`.
+which process counts a chip generation runs is :mod:`transformers_tpu_ext.core.topology`.
 See ``docs/tensor-parallelism.md``.
 """

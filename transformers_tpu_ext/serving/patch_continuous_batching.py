@@ -34,7 +34,7 @@ from typing import Any
 
 from . import policy as serving
 from ..backend import chip_info, is_tpu
-from ..wrapping import Wraps, warn_once
+from ..core.wrapping import Wraps, warn_once
 
 NAME = "continuous_batching"
 TARGET = "transformers.generation.continuous_batching.continuous_api"

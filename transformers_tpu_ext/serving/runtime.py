@@ -355,7 +355,7 @@ def warmup(runner: Any, model: Any) -> None:
     """Run one step of every ``(Q, S)`` shape of the runner's plan (each compiles its graph), with a progress bar."""
     import torch
 
-    from ..progress import Progress
+    from ..core.progress import Progress
 
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes

@@ -34,7 +34,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..ladders import geometric_ladder, round_up
-from ..length_readers import ModelLengths, padding_limit
+from ..core.length_readers import ModelLengths, padding_limit
 
 __all__ = [
     "IGNORE_INDEX",

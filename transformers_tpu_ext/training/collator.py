@@ -395,7 +395,7 @@ class _Warmup:
             batches.setdefault(batch.original["buckets"], batch)  # a length past a position table is capped
         model = trainer.model_wrapped
         snapshot = _Snapshot(model, trainer.optimizer, trainer.lr_scheduler)
-        from ..progress import Progress
+        from ..core.progress import Progress
 
         bar = Progress(len(batches), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
         recompile.begin_warmup("train", trainer)  # the recompile guard ignores these steps, then watches training
