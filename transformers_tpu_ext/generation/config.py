@@ -142,7 +142,9 @@ class TPUGenerationConfig:
         :meth:`forward_graphs` plus 8 (a second cache length before the warm-up fixed one, and the
         model's other compiled functions). Past the limit TorchDynamo stops compiling and the
         remaining buckets run op by op in every call, each op a program of its own on a chip."""
-        return max(self.recompile_limit, 2 * self.forward_graphs() + 8)
+        from ..compilation.recompile_limit import needed
+
+        return needed(self.forward_graphs(), floor=self.recompile_limit)
 
     def plan(self, batch_size: int, prompt_length: int, max_new_tokens: int, min_padding: int = 0) -> buckets.Plan:
         """The padded shapes of one call (see :func:`transformers_tpu_ext.generation.buckets.plan`)."""

@@ -34,6 +34,7 @@ from typing import Any
 
 from . import policy as serving
 from ..backend import chip_info, is_tpu
+from ..compilation import recompile_limit
 from ..core.wrapping import Wraps, warn_once
 
 NAME = "continuous_batching"
@@ -44,10 +45,6 @@ logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
 _registered_attention: list[tuple[Any, str]] = []  # (registry, name) pairs we registered (for revert)
-_saved_recompile_limit: list[int] = []
-#: TorchDynamo's recompile limit is raised to at least this (every step shape is a recompilation of one
-#: function; past the limit TorchDynamo would silently run it eagerly), as the generation patch does.
-_RECOMPILE_LIMIT = 64
 
 
 class _Init:
@@ -94,10 +91,7 @@ def revert() -> None:
     while _registered_attention:
         mapping, name = _registered_attention.pop()
         mapping._global_mapping.pop(name, None)
-    if _saved_recompile_limit:
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = _saved_recompile_limit.pop()
+    recompile_limit.release("serve")
 
 
 def _runtime() -> Any:
@@ -279,7 +273,8 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.use_async_batching = False
     resolved.varlen_compile_config = _runtime().tpu_compile_config(getattr(user, "varlen_compile_config", None))
     resolved.decode_compile_config = None
-    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(plan.shapes) + 8))
+    # every step shape is a recompilation of one function (past the limit TorchDynamo runs it eagerly)
+    recompile_limit.require("serve", len(plan.shapes))
     plan.kv_cache, why = serving.kv_cache_path(
         init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
     )
@@ -288,16 +283,6 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
 
     plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
     resolved.tpu_plan = plan
-
-
-def _raise_recompile_limit(limit: int) -> None:
-    import torch._dynamo
-
-    current = torch._dynamo.config.recompile_limit
-    if current < limit:
-        if not _saved_recompile_limit:
-            _saved_recompile_limit.append(current)
-        torch._dynamo.config.recompile_limit = limit
 
 
 def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -396,5 +381,5 @@ def _resident_bytes(model: Any) -> int:
 def _runner_warmup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if not isinstance(instance.inputs_and_outputs, _runtime().io_class()):
         return wrapped(*args, **kwargs)
-    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(instance.inputs_and_outputs.plan.shapes) + 8))
+    recompile_limit.require("serve", len(instance.inputs_and_outputs.plan.shapes))
     return _runtime().warmup(instance, args[0] if args else kwargs["model"])
