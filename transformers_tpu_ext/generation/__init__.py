@@ -10,7 +10,8 @@ The decisions (pure modules, no torch, no Transformers):
 
 The runtime the wrappers use: :mod:`.views` (what callbacks see: the caller's rows and lengths),
 :mod:`.device_decode` (token choice on the TPU: only token ids cross the host link),
-:mod:`.static_cache` (cache shapes, the cache handed back), :mod:`.precompile` (:func:`warmup`).
+:mod:`.static_cache` (cache shapes, the cache handed back), :mod:`.warmup` (its warm-up:
+``generation.warmup`` is :func:`~.warmup.warmup_generate`, ``transformers_tpu_ext.warmup``'s generate work).
 
 The glue: ``patch_generation`` (the patch) applies the wrappers of :mod:`.wrap_generate`,
 :mod:`.wrap_prepare`, :mod:`.wrap_decoding` and :mod:`.wrap_compile`, which share the call in flight
@@ -19,16 +20,7 @@ through :mod:`.call`. See ``docs/generation.md``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .config import TPUGenerationConfig, configure, current, reset
+from .warmup import warmup_generate as warmup  # binds the name over the submodule of the same name
 
 __all__ = ["TPUGenerationConfig", "configure", "current", "reset", "warmup"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "warmup":  # ``transformers_tpu_ext.warmup(model, ...)`` for generate(); the recompile guard knows it
-        from ..compilation.warmups import warmup_generate
-
-        return warmup_generate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
