@@ -13,9 +13,9 @@ warm-ups' marks), :mod:`.recompile_limit` (TorchDynamo's recompile limit, raised
 capability plans). Each capability's warm-up lives in its own folder (``generation/warmup.py``, ...);
 ``transformers_tpu_ext.warmup`` chooses one.
 
-The glue, one patch per target: ``patch_recompile_guard_generate`` (``generate()``),
-``patch_recompile_guard_serve`` (continuous-batching steps and warm-up),
-``patch_recompile_guard_train`` (``Trainer.training_step``). See ``docs/compile-cache.md``.
+The guard's glue lives with each capability, which calls this service: ``generation/patch_recompile_guard_generate``
+(``generate()``), ``serving/patch_recompile_guard_serve`` (continuous-batching steps and warm-up),
+``training/patch_recompile_guard_train`` (``Trainer.training_step``). See ``docs/compile-cache.md``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 from . import buckets
 from ..ladders import geometric_ladder
 from ..config import Overrides, check_variables, with_renamed
-from ..quantization import kv_cache as kv_cache_format
+from ..quantization import kv_format as kv_cache_format
 
 __all__ = ["ENV", "KV_CACHE_FORMATS", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from ..placement.budget import default_headroom
 from ..core.topology import TOPOLOGIES
-from . import kv_cache
+from . import kv_format as kv_cache
 
 __all__ = [
     "CHIPS",

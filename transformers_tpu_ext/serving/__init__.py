@@ -8,7 +8,8 @@
   compile settings).
 - :mod:`.warmup`: ``warmup_serve`` (``transformers_tpu_ext.warmup(model, work="serve")``), a manager warmed up.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
-  and ``transformers serve --continuous-batching``.
+  and ``transformers serve --continuous-batching``; ``patch_recompile_guard_serve``: the recompile guard
+  (``compilation``) around each step and the warm-up.
 
 See ``docs/serving.md``.
 """

@@ -21,7 +21,7 @@ The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` fin
 ``tpu_dist``), ``patch_torch_ddp`` (DDP of a TPU module), ``patch_torch_optimizer`` (no step of
 replicas nothing synchronises), ``patch_transformers_training_args`` (``torch_compile=True``) and
 ``patch_transformers_trainer`` (bucketed data loaders, evaluation outputs cut back, complete
-checkpoints). See ``docs/training.md``.
+checkpoints); ``patch_recompile_guard_train`` runs each training step inside the recompile guard (``compilation``). See ``docs/training.md``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import guard, recompile
+from ..compilation import guard, recompile
 from ..backend import is_tpu
 from ..core.wrapping import Wraps, fail_safe
 
