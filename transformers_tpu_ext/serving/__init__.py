@@ -3,9 +3,9 @@
 - :mod:`.policy` (pure): which managers take the TPU path (``paged_path``, a "safe when"
   predicate; the others are upstream's), the token and request ladders of a step, the step shapes
   a warm-up compiles, the paged KV cache sized from the chip's HBM, the settings (:func:`configure`).
-- :mod:`.runtime`: the pieces a step runs with (padded step inputs, the paged attention and the
+- :mod:`.runtime`: the pieces a step runs with (the paged attention and the
   dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
-  compile settings).
+  compile settings); :mod:`.step_io`: ``TPUBatchIO``, the padded step inputs.
 - :mod:`.warmup`: ``warmup_serve`` (``transformers_tpu_ext.warmup(model, work="serve")``), a manager warmed up.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
   and ``transformers serve --continuous-batching``; ``patch_recompile_guard_serve``: the recompile guard

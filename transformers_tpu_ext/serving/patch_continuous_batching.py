@@ -94,6 +94,12 @@ def revert() -> None:
     recompile_limit.release("serve")
 
 
+def _step_io() -> Any:
+    from . import step_io
+
+    return step_io
+
+
 def _runtime() -> Any:
     from . import runtime as _cb_runtime
 
@@ -288,7 +294,7 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
 def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """The batch processor's ``ContinuousBatchingIOs(**kwargs)``: ``TPUBatchIO`` for a planned manager."""
     if _plan_of(kwargs.get("continuous_batching_config")) is not None:
-        return _runtime().io_class()(*args, **kwargs)
+        return _step_io().io_class()(*args, **kwargs)
     return wrapped(*args, **kwargs)
 
 
@@ -379,7 +385,7 @@ def _resident_bytes(model: Any) -> int:
 
 
 def _runner_warmup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if not isinstance(instance.inputs_and_outputs, _runtime().io_class()):
+    if not isinstance(instance.inputs_and_outputs, _step_io().io_class()):
         return wrapped(*args, **kwargs)
     recompile_limit.require("serve", len(instance.inputs_and_outputs.plan.shapes))
     return _runtime().warmup(instance, args[0] if args else kwargs["model"])

@@ -4,6 +4,7 @@ The decisions (pure modules, no torch, no Transformers):
 
 - :mod:`.policy`: the device and the distributed set-up (process group, replica checks, DDP/FSDP),
   the compile backend, which optimizer steps are adapted (``optimizer_plan``);
+- :mod:`.batch_facts`: the facts a batch plan is decided from (``ModelFacts``, ``SourceFacts``) and the plan;
 - :mod:`.buckets`: the static shapes of training batches (sequence ladder, padded rows, what is padded
   with what, and which batches are left alone: ``plan_batch``);
 - :mod:`.multiprocess`: runs of several processes (gathers on ``tpu_dist``, the replica check at an
