@@ -38,7 +38,7 @@ __all__ = [
 
 
 #: The works :func:`warmup` compiles ahead (each capability's warm-up is in its own folder:
-#: ``generation/warmup.py``, ``serving/warmup.py``, ``training/warmup.py``).
+#: ``generation/warm_up.py``, ``serving/warm_up.py``, ``training/warm_up.py``).
 WORKS = ("generate", "serve", "train")
 
 
@@ -61,16 +61,16 @@ def warmup(target: Any, work: str | None = None, **options: Any) -> Any:
     if work == "train":
         if not _is_trainer(target):
             raise TypeError("warmup(..., work='train') takes the Trainer (warmup(trainer, max_length=...))")
-        from .training.warmup import warmup_train
+        from .training.warm_up import warmup_train
 
         return warmup_train(target, **options)
     if _is_trainer(target):
         raise TypeError(f"warmup(trainer, work={work!r}): pass the model (trainer.model) for {work!r}")
     if work == "serve":
-        from .serving.warmup import warmup_serve
+        from .serving.warm_up import warmup_serve
 
         return warmup_serve(target, **options)
-    from .generation.warmup import warmup_generate
+    from .generation.warm_up import warmup_generate
 
     return warmup_generate(target, **options)
 

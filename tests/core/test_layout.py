@@ -160,8 +160,8 @@ def test_import_paths_the_docs_named_before_the_folders_still_import(old, new):
 def test_documented_names_of_capability_packages():
     import transformers_tpu_ext as ext
     from transformers_tpu_ext import compilation, generation, serving, training
-    from transformers_tpu_ext.generation.warmup import warmup_generate
-    from transformers_tpu_ext.training.warmup import warmup as warmup_train
+    from transformers_tpu_ext.generation.warm_up import warmup_generate
+    from transformers_tpu_ext.training.warm_up import warmup as warmup_train
 
     assert callable(ext.warmup) and not hasattr(compilation, "warmup")  # one warmup, the work as argument, above the capabilities
     assert generation.warmup is warmup_generate and training.warmup is warmup_train

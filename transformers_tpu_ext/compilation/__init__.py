@@ -10,7 +10,7 @@ The decisions (pure modules, no torch, no Transformers):
 The runtime: :mod:`.persistent` (sets the cache up at activation, :func:`cache_report`),
 :mod:`.recompile` (counts programs around a call, cache-only mode, :class:`RecompileError`, the
 warm-ups' marks), :mod:`.recompile_limit` (TorchDynamo's recompile limit, raised to the graphs each
-capability plans). Each capability's warm-up lives in its own folder (``generation/warmup.py``, ...);
+capability plans). Each capability's warm-up lives in its own folder (``generation/warm_up.py``, ...);
 ``transformers_tpu_ext.warmup`` chooses one.
 
 The guard's glue lives with each capability, which calls this service: ``generation/patch_recompile_guard_generate``

@@ -12,8 +12,8 @@ The decisions (pure modules, no torch, no Transformers):
 
 The runtime the wrappers use: :mod:`.views` (what callbacks see: the caller's rows and lengths),
 :mod:`.device_decode` (token choice on the TPU: only token ids cross the host link),
-:mod:`.static_cache` (cache shapes, the cache handed back), :mod:`.warmup` (its warm-up:
-``generation.warmup`` is :func:`~.warmup.warmup_generate`, ``transformers_tpu_ext.warmup``'s generate work).
+:mod:`.static_cache` (cache shapes, the cache handed back), :mod:`.warm_up` (its warm-up:
+``generation.warmup`` is :func:`~.warm_up.warmup_generate`, ``transformers_tpu_ext.warmup``'s generate work).
 
 The glue: ``patch_generation`` (the patch) applies the wrappers of :mod:`.wrap_generate`,
 :mod:`.wrap_prepare`, :mod:`.wrap_decoding` and :mod:`.wrap_compile`, which share the call in flight
@@ -24,6 +24,6 @@ guard (``compilation``). See ``docs/generation.md``.
 from __future__ import annotations
 
 from .config import TPUGenerationConfig, configure, current, reset
-from .warmup import warmup_generate as warmup  # binds the name over the submodule of the same name
+from .warm_up import warmup_generate as warmup
 
 __all__ = ["TPUGenerationConfig", "configure", "current", "reset", "warmup"]

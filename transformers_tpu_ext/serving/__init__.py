@@ -6,7 +6,7 @@
 - :mod:`.runtime`: the pieces a step runs with (the paged attention and the
   dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
   compile settings); :mod:`.step_io`: ``TPUBatchIO``, the padded step inputs.
-- :mod:`.warmup`: ``warmup_serve`` (``transformers_tpu_ext.warmup(model, work="serve")``), a manager warmed up.
+- :mod:`.warm_up`: ``warmup_serve`` (``transformers_tpu_ext.warmup(model, work="serve")``), a manager warmed up.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
   and ``transformers serve --continuous-batching``; ``patch_recompile_guard_serve``: the recompile guard
   (``compilation``) around each step and the warm-up.

@@ -14,7 +14,7 @@ The decisions (pure modules, no torch, no Transformers):
 The runtime: :mod:`.facts` reads the predicates' plain facts off models, collators and Trainers;
 :mod:`.optimizer` runs an optimizer's step as its plan says. The public helpers (:mod:`.collator`):
 :class:`BucketCollator` (batches of static shapes, :class:`PaddedBatch` and :func:`original_of`: what a
-padded batch was); :mod:`.warmup`: :func:`warmup` (compile every bucket before training).
+padded batch was); :mod:`.warm_up`: :func:`warmup` (compile every bucket before training).
 
 The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` finds the TPU),
 ``patch_accelerate_dataclasses`` (``TorchDynamoPlugin(backend="tpu")``), ``patch_accelerate_prepare``
@@ -28,6 +28,6 @@ checkpoints); ``patch_recompile_guard_train`` runs each training step inside the
 from __future__ import annotations
 
 from .collator import BucketCollator, PaddedBatch, original_of
-from .warmup import warmup  # binds the name over the submodule of the same name
+from .warm_up import warmup
 
 __all__ = ["BucketCollator", "PaddedBatch", "original_of", "warmup"]

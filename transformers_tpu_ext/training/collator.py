@@ -3,7 +3,7 @@
 - :class:`BucketCollator` wraps a data collator so that its batches have static shapes (the policy
   is :mod:`transformers_tpu_ext.training.buckets`). On TPU the ``transformers_trainer`` patch puts it
   under every Trainer data loader; a plain Accelerate or PyTorch loop can wrap its own collator.
-- :func:`warmup` (in :mod:`transformers_tpu_ext.training.warmup`) compiles, before training, the
+- :func:`warmup` (in :mod:`transformers_tpu_ext.training.warm_up`) compiles, before training, the
   programs every bucket needs, without changing the model, the optimizer, the schedule or the random streams.
 
 Importing this module imports nothing heavy; torch is imported when a batch is padded.
