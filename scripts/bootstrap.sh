@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install what it needs.
-# The first use takes a few minutes; each step is announced on stderr (stdout is the venv's path).
+# The first use takes a few minutes (6 on 2 busy cores with a local torch wheel: torch 40 s, the rest 5 min);
+# each step is announced on stderr with the seconds it took (stdout is the venv's path).
 #
 # torch comes first, as a CPU build: a bare `torch` requirement (or this pin, on PyPI) is the multi-GB
 # CUDA build on Linux. In order, the first that works:
-#   1. a wheel pip finds without any index (PIP_FIND_LINKS, a local wheel directory): offline, instant;
+#   1. a wheel pip finds without any index (PIP_FIND_LINKS, a local wheel directory): torch itself offline;
+#      its few small dependencies from the same directory when they are there, else from the package index
+#      (torch is then installed already, so pip takes only what is missing, never another torch);
 #   2. PyTorch's CPU index (TORCH_INDEX_URL, default https://download.pytorch.org/whl/cpu), if it answers
 #      within 5 seconds (an unreachable index fails fast instead of hanging pip's retries);
 #   3. the default index, with a warning that it may be the CUDA build.
@@ -35,6 +38,9 @@ install_torch() {
     [[ "$torch_pin" =~ ^torch==[0-9.]+$ ]] && cpu_pin="$torch_pin+cpu"  # the CPU index's local version
     if "$venv/bin/python" -m pip install "${pip[@]}" --no-index "$torch_pin" 2>/dev/null; then
         echo "bootstrap:       $torch_pin from a local wheel" >&2
+    elif "$venv/bin/python" -m pip install "${pip[@]}" --no-index --no-deps "$torch_pin" 2>/dev/null; then
+        echo "bootstrap:       $torch_pin from a local wheel, its dependencies from the package index" >&2
+        "$venv/bin/python" -m pip install "${pip[@]}" "$torch_pin"
     elif reachable "$torch_index"; then
         echo "bootstrap:       $cpu_pin from $torch_index" >&2
         "$venv/bin/python" -m pip install "${pip[@]}" --extra-index-url "$torch_index" "$cpu_pin"
@@ -55,10 +61,15 @@ if [ ! -f "$stamp" ]; then
     else
         echo "bootstrap: [1/3] reusing $venv (the declared dependencies changed)" >&2
     fi
-    echo "bootstrap: [2/3] installing $torch_pin, a CPU build (about 30 s)" >&2
+    step=$SECONDS
+    echo "bootstrap: [2/3] installing $torch_pin, a CPU build (about 40 s from a local wheel; plus a 200 MB download otherwise)" >&2
     install_torch
-    echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl,embeddings] and its dependencies (about 90 s; $((SECONDS - started)) s so far)" >&2
+    echo "bootstrap:       done in $((SECONDS - step)) s" >&2
+    step=$SECONDS
+    echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl,embeddings] and its dependencies" \
+        "(about 75 packages: 5 minutes or so on 2 cores)" >&2
     "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test,trl,embeddings]"
+    echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     rm -f "$venv"/.transformers-tpu-ext-*
     touch "$stamp"
     echo "bootstrap: ready in $((SECONDS - started)) s" >&2

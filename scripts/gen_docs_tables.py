@@ -5,7 +5,9 @@
 
 Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``) and
 "Models whose rotary embedding reads the length" (``transformers_tpu_ext.core.length_readers.length_table``),
-and docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``), each between
+docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``) and "Sampling
+parameters per request" (``transformers_tpu_ext.serving.sampling``), and docs/configuration.md, "Every
+setting" (``transformers_tpu_ext.settings.settings_table``), each between
 its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
 ``tests/generation/test_generation_paths_table.py`` fails when the docs and the policy differ.
 """
@@ -24,14 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if a table is out of date")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from transformers_tpu_ext import settings
     from transformers_tpu_ext.core import length_readers
     from transformers_tpu_ext.generation import paths
-    from transformers_tpu_ext.serving import kernel_path
+    from transformers_tpu_ext.serving import kernel_path, sampling
 
     tables = (
         ("generation.md", paths.BEGIN, paths.END, paths.path_table),
         ("generation.md", length_readers.BEGIN, length_readers.END, length_readers.length_table),
         ("serving.md", kernel_path.BEGIN, kernel_path.END, kernel_path.path_table),
+        ("serving.md", sampling.BEGIN, sampling.END, sampling.path_table),
+        ("configuration.md", settings.BEGIN, settings.END, settings.settings_table),
     )
     status = 0
     for name in dict.fromkeys(name for name, *_ in tables):

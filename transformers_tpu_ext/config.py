@@ -8,12 +8,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-#: ``1``/``true``/``all`` disables every patch, ``0``/``false``/``off`` none; a comma list of patch
+from .settings.parser import OFF_WORDS, ON_WORDS
+
+#: ``1``/``all`` (or any on word of the settings layer) disables every patch, ``0`` (or any off word) none; a comma list of patch
 #: names disables those.
 DISABLE_ENV = "TRANSFORMERS_TPU_EXT_DISABLE"
 
-_ALL = {"1", "true", "yes", "on", "all", "*"}
-_NONE = {"0", "false", "no", "off", "none"}
+_ALL = ON_WORDS | {"all", "*"}
+_NONE = OFF_WORDS | {"none"}
 
 
 #: Every setting is ``TRANSFORMERS_TPU_EXT_<CAPABILITY>_<SETTING>`` (``GENERATE_``, ``SERVE_``, ``TRAIN_``,

@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow
 def test_demo_runs_the_guide_example_on_the_simulated_tpu():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
     env["HF_HUB_OFFLINE"] = "1"
@@ -20,6 +18,10 @@ def test_demo_runs_the_guide_example_on_the_simulated_tpu():
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
+    # issue 29: the first command's output has no library noise (torchao's CUDA kernels, torch's deprecation)
+    output = proc.stdout + proc.stderr
+    assert "Failed to load" not in output and "register_constant()" not in output, output[:2000]
+    assert "Writing model shards" not in output, output[:2000]
     result = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert result["ran_on"] == "tpu (simulated)"
     assert result["model_device"] == "tpu:0"
@@ -65,3 +67,20 @@ def test_every_demo_option_is_documented():
     table = page.split("## The demo", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(--[a-z-]+)`", table, re.M))
     assert documented == options
+
+
+def test_the_demo_drops_only_the_known_library_noise_and_only_while_it_runs(caplog):
+    import logging
+
+    from transformers_tpu_ext.cli import demo
+
+    torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
+    with caplog.at_level(logging.WARNING):
+        with demo.quiet_library_noise():
+            torchao.warning("Failed to load /venv/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: x")
+            pytree.warning("%s is an Enum subclass and is now natively supported ... register_constant() ...", "E")
+            torchao.warning("Failed to quantize a layer")  # any other line of theirs is kept
+        torchao.warning("Failed to load /venv/site-packages/torchao/_C_cutlass_90a.abi3.so: x")  # after the demo
+    assert [r.getMessage() for r in caplog.records] == [
+        "Failed to quantize a layer", "Failed to load /venv/site-packages/torchao/_C_cutlass_90a.abi3.so: x"]
+    assert not torchao.filters and not pytree.filters

@@ -64,6 +64,7 @@ def test_main_exits_1_and_the_json_report_names_the_failure(simulated_tpu, tmp_p
     assert set(report["versions"]) == {"torch", "torch_tpu", "libtpu", "transformers", "accelerate"}
     assert report["versions"]["torch"]
     assert [c["status"] for c in report["checks"]] == ["pass", "fail", "fail", "skip"]
+    assert report["cpu_seconds"] > 0 and "s of CPU) on tpu (simulated)" in out
     assert selftest.main([], checks=INJECTED[:1] + INJECTED[3:]) == 0
 
 
@@ -110,6 +111,9 @@ def test_the_battery_passes_on_the_simulated_tpu(tmp_path):
     facts = {c["name"]: c["facts"] for c in report["checks"]}
     assert facts["generate_qwen3"]["steady_state_programs"] == 0 and facts["generate_qwen3"]["greedy_programs"] > 0
     assert facts["compile_cache"]["second"]["compiled"] == 0 and facts["compile_cache"]["second"]["loaded"] > 0
+    # a check's CPU time counts the processes it starts (compile_cache's two interpreters)
+    cpu = {c["name"]: c["cpu_seconds"] for c in report["checks"]}
+    assert cpu["compile_cache"] > 1 and report["cpu_seconds"] >= sum(cpu.values())
     assert report["timings"] == {"note": selftest.NOT_MEANINGFUL}
 
 

@@ -107,6 +107,7 @@ def test_every_case_is_reachable_and_documented():
     reached = {
         plan({"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": "/x"}).case,
         plan({cache.CACHE_ENV: "off"}).case,
+        plan({cache.CACHE_ENV: "of"}).case,
         plan(facts=cache.Facts(None, False)).case,
         plan(facts=cache.Facts(None, True)).case,
         plan(facts=cache.Facts("0.2.0", True, compiled_already=True)).case,

@@ -80,11 +80,11 @@ def test_generate_advice_names_the_warmup_that_covers_the_call():
     outside = guard.generate_advice(3, 200, 48, covered)
     assert "warmup(model, max_prompt_length=200, max_new_tokens=48, max_batch_size=3)" in outside
     assert "--max-prompt-length 200 --max-new-tokens 48 --max-batch-size 3" in outside
-    assert "TRANSFORMERS_TPU_EXT_PROMPT_BUCKETS" in outside and "Outside the warm-up" in outside
+    assert "TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS" in outside and "Outside the warm-up" in outside
     inside = guard.generate_advice(1, 30, 8, covered, cache=128)
     assert "within what the warm-up covered" in inside and "options" in inside
     grown = guard.generate_advice(1, 30, 8, covered, cache=512)
-    assert "512 positions, past the warm-up's 128" in grown and "TRANSFORMERS_TPU_EXT_MAX_CACHE_LEN" in grown
+    assert "512 positions, past the warm-up's 128" in grown and "TRANSFORMERS_TPU_EXT_GENERATE_MAX_CACHE_LEN" in grown
     sampling = guard.generate_advice(3, 30, 8, {**covered, "batch_sizes": [1, 2]}, sampling=True)
     assert "batch_sizes=[3]" in sampling and "--batch-sizes 3" in sampling
     cold = guard.generate_advice(2, 10, 4, {})

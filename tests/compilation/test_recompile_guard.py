@@ -72,7 +72,7 @@ def test_generate_silent_over_100_steady_state_calls_then_names_the_warmup_that_
     assert report.startswith("transformers-tpu-ext: generate() compiled ") and "after its warm-up" in report
     assert "a batch of 2 prompts of 40 tokens, max_new_tokens=3" in report
     assert "warmup(model, max_prompt_length=40, max_new_tokens=3, max_batch_size=2)" in report
-    assert "TRANSFORMERS_TPU_EXT_PROMPT_BUCKETS" in report
+    assert "TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS" in report
 
 
 def test_error_mode_fails_before_compiling_and_leaves_the_model_usable(simulated_tpu, guard_settings, reference):

@@ -18,17 +18,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STUB = """#!/usr/bin/env bash
 echo "$*" >> "{log}"
-case "$*" in *--no-index*) [ -n "{local_wheel}" ] || exit 1 ;; esac
+case "$*" in
+  *--no-index*--no-deps*) [ -n "{local_wheel}" ] || exit 1 ;;
+  *--no-index*) [ "{local_wheel}" = "all" ] || exit 1 ;;
+esac
 exit 0
 """
 
 
-def _bootstrap(tmp_path: Path, *, local_wheel: bool, index_url: str) -> tuple[list[str], str]:
+def _bootstrap(tmp_path: Path, *, local_wheel: bool | str, index_url: str) -> tuple[list[str], str]:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     log = tmp_path / "pip.log"
     stub = venv / "bin" / "python"
-    stub.write_text(STUB.format(log=log, local_wheel="yes" if local_wheel else ""))
+    wheels = {True: "all", False: ""}.get(local_wheel, local_wheel)  # "all": torch and its dependencies
+    stub.write_text(STUB.format(log=log, local_wheel=wheels))
     stub.chmod(0o755)
     env = {**os.environ, "TRANSFORMERS_TPU_EXT_VENV": str(venv), "TORCH_INDEX_URL": index_url, "PYTHON": sys.executable}
     env.pop("TORCH_PIN", None)
@@ -46,11 +50,29 @@ def test_a_local_wheel_is_used_without_any_index(tmp_path):
     assert "from a local wheel" in err
 
 
+def test_a_local_wheel_of_torch_alone_gets_its_dependencies_from_the_index_without_a_cuda_warning(tmp_path):
+    # issue 29: a wheel directory holding torch alone (PIP_FIND_LINKS=/opt/wheels) failed `--no-index`, then
+    # warned about a CUDA build it did not install
+    calls, err = _bootstrap(tmp_path, local_wheel="torch", index_url="http://127.0.0.1:9/unused")
+    assert calls[0].endswith("--no-index torch==2.13.0")  # everything offline: not here
+    assert calls[1].endswith("--no-index --no-deps torch==2.13.0")  # torch itself, from the wheel
+    assert calls[2].endswith("--disable-pip-version-check torch==2.13.0")  # installed: only its dependencies
+    assert len(calls) == 4 and calls[3].endswith(f"-e {ROOT}[test,trl,embeddings]")
+    assert "from a local wheel, its dependencies from the package index" in err
+    assert "warning" not in err and "CUDA" not in err and "cannot be reached" not in err
+
+
+def test_each_step_says_how_long_it_took(tmp_path):
+    _, err = _bootstrap(tmp_path, local_wheel=True, index_url="http://127.0.0.1:9/unused")
+    assert err.count("done in ") == 2 and "ready in " in err
+
+
 def test_the_cpu_index_when_it_answers(tmp_path):
     index = tmp_path / "cpu-index"
     index.mkdir()
     calls, err = _bootstrap(tmp_path, local_wheel=False, index_url=index.as_uri())
-    assert calls[1].endswith(f"--extra-index-url {index.as_uri()} torch==2.13.0+cpu")
+    assert calls[1].endswith("--no-index --no-deps torch==2.13.0")  # tried, silently
+    assert calls[2].endswith(f"--extra-index-url {index.as_uri()} torch==2.13.0+cpu")
     assert "warning" not in err
 
 
@@ -58,5 +80,5 @@ def test_an_unreachable_index_fails_fast_to_the_default_index_with_a_warning(tmp
     started = time.monotonic()
     calls, err = _bootstrap(tmp_path, local_wheel=False, index_url="http://127.0.0.1:9/whl/cpu")
     assert time.monotonic() - started < 60
-    assert calls[1].endswith("--disable-pip-version-check torch==2.13.0")
+    assert calls[2].endswith("--disable-pip-version-check torch==2.13.0")
     assert "cannot be reached" in err and "CUDA build" in err

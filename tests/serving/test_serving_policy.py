@@ -155,8 +155,9 @@ def test_explicit_rungs_past_the_largest_step_are_refused_not_dropped():
     # the same from the environment: one problem at activation (each variable alone is valid)
     env = {serving.ENV["token_buckets"]: "64,256,512"}
     (problem,) = serving.check_environment(env)
-    assert "token_buckets=(64, 256, 512) goes past max_batch_tokens=256" in problem
-    assert "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS" in problem
+    # issue 29: the message names the ladder's own variable first (it used to name only the limit's)
+    assert problem.startswith("TRANSFORMERS_TPU_EXT_SERVE_TOKEN_BUCKETS='64,256,512' goes past max_batch_tokens=256")
+    assert "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS" in problem and "leave 512 out" in problem
     assert serving.check_environment({**env, serving.ENV["max_batch_tokens"]: "512"}) == []
 
 

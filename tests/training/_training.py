@@ -112,3 +112,36 @@ def step_counter(sim: Any) -> Any:
             self.steps.append(sim.counters() - self._before)
 
     return Counter()
+
+
+def gated_model() -> Any:
+    """The tiny Qwen3 (seed 0) with two parameters DDP sees unused: ``gate`` scales the loss in every
+    other step of a rank (rank 0 the even steps, rank 1 the odd ones: each step one rank uses it),
+    ``never`` is in no step. Under DDP it trains only with ``find_unused_parameters=True``."""
+    import torch
+    import torch.distributed as dist
+    from transformers import Qwen3ForCausalLM
+
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    class GatedQwen3(Qwen3ForCausalLM):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.gate = torch.nn.Parameter(torch.ones(()))
+            self.never = torch.nn.Linear(2, 2)
+            self.calls = 0
+
+        def forward(self, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+            out = super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            if self.training and (self.calls + rank) % 2 == 0:
+                out.loss = out.loss * self.gate
+            self.calls += 1
+            return out
+
+    base = tiny_model("qwen3", seed=0)
+    torch.manual_seed(0)
+    model = GatedQwen3(base.config)
+    model.load_state_dict(base.state_dict(), strict=False)
+    model.generation_config = base.generation_config
+    return model

@@ -310,6 +310,57 @@ def test_ddp_of_a_tpu_module_takes_no_device_ids(simulated_tpu):
         dist.destroy_process_group()
 
 
+class _SometimesUsed(torch.nn.Module):
+    """``b`` is used on odd steps only, ``never`` on none: DDP needs ``find_unused_parameters=True``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.never = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        h = self.a(x)
+        return (self.b(h) if step % 2 else h).sum()
+
+
+def test_ddp_finds_unused_parameters_of_a_tpu_module_as_on_a_chip(simulated_tpu):
+    """torch_tpu's pinned host allocator and ``tpu_dist`` all-reduce let DDP's reducer find unused
+    parameters; so does the simulator (it once dropped the flag with a warning, and the second step
+    failed). Gradients equal plain autograd on the CPU; an unused parameter has none."""
+    import gc
+    import warnings
+
+    import torch.distributed as dist
+
+    from transformers_tpu_ext.testing import pinned
+
+    cpu = _SometimesUsed()
+    model = _SometimesUsed().to("tpu")
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        assert ddp.find_unused_parameters is True
+        for step in range(4):
+            x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+            ddp(x.to("tpu"), step).backward()
+            cpu(x, step).backward()
+            for (name, want), got in zip(cpu.named_parameters(), model.parameters()):
+                if want.grad is None:
+                    assert got.grad is None, f"step {step}: {name} has a gradient"
+                else:
+                    assert torch.allclose(got.grad.cpu(), want.grad, atol=1e-6), f"step {step}: {name}"
+            cpu.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+        assert pinned._PINNED_EMPTY["library"] is not None
+        del ddp
+        gc.collect()
+        assert pinned._PINNED_EMPTY["library"] is None  # the host-buffer kernel lives with its DDP
+    finally:
+        dist.destroy_process_group()
+
+
 @requires_trainer
 def test_without_a_tpu_nothing_changes():
     """A process with no TPU at all (no simulator): the patches are applied and change nothing."""

@@ -176,8 +176,30 @@ def two_chips(tmp_path_factory) -> tuple[Path, list[dict]]:
             {"name": "warmup", "settings": {"per_device_train_batch_size": per_device}, "warmup": 120},
             *EVALUATION,
             *REPLICAS,
+            UNUSED,
         ],
     )
+
+
+#: A model with a parameter one rank uses in each step and one no rank uses (``_training.gated_model``):
+#: DDP trains it only with ``find_unused_parameters=True`` (tests/training/test_training.py shows the
+#: reducer's error without it).
+UNUSED = {"name": "unused", "model": "gated",
+          "settings": {"per_device_train_batch_size": GLOBAL_BATCH // 2, "max_steps": 6, "ddp_find_unused_parameters": True}}
+
+
+@pytest.fixture(scope="module")
+def cpu_two_processes(tmp_path_factory) -> list[dict]:
+    """``UNUSED`` in two CPU processes under torchrun (gloo), without the simulator: the reference."""
+    root = tmp_path_factory.mktemp("cpu_two")
+    spec = root / "spec.json"
+    spec.write_text(json.dumps({"out": str(root), "scenarios": [{**UNUSED, "use_cpu": True}]}))
+    env = _env()
+    env.pop("TRANSFORMERS_TPU_EXT_SIMULATE")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(WORKER), str(spec)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads((root / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
 #: The two-chip FSDP2 run saves at step 3 and 6; the four-chip run resumes it from step 3.
@@ -214,6 +236,19 @@ def test_two_chips_ddp_fsdp2_and_symmetric_saving(two_chips, one_process):
         checkpoint = root / "save" / f"checkpoint-{step}"
         assert {p.name for p in checkpoint.glob("tpu_state_*.pth")} == {"tpu_state_0.pth", "tpu_state_1.pth"}
         assert {p.name for p in checkpoint.glob("tpu_buckets_*.json")} == {"tpu_buckets_0.json", "tpu_buckets_1.json"}
+
+
+def test_ddp_find_unused_parameters_on_two_chips_matches_two_cpu_processes(two_chips, cpu_two_processes):
+    """``ddp_find_unused_parameters=True``: a model some steps and ranks leave a parameter unused in
+    trains on two simulated chips, as torch_tpu's DDP does, with the losses and parameters of the same
+    run in two CPU processes over gloo."""
+    tpu = [_ok(rank["unused"]) for rank in two_chips[1]]
+    cpu = [_ok(rank["unused"]) for rank in cpu_two_processes]
+    assert all(r["wrapper"] == "DistributedDataParallel" and r["backend"] == "tpu_dist" and r["params_on_tpu"] for r in tpu)
+    assert all(r["wrapper"] == "DistributedDataParallel" and r["backend"] == "gloo" for r in cpu)
+    assert len({r["digest"] for r in tpu}) == 1 and len(tpu[0]["losses"]) == UNUSED["settings"]["max_steps"]
+    assert _training.max_diff(tpu[0]["losses"], cpu[0]["losses"]) < TOLERANCE
+    assert tpu[0]["unused_grads"] == cpu[0]["unused_grads"] == {"gate": True, "never": False}
 
 
 def test_four_chips_ddp(four_chips, one_process):

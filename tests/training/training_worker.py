@@ -4,7 +4,9 @@ Started by ``transformers-tpu launch`` with ``TRANSFORMERS_TPU_EXT_SIMULATE`` se
 Accelerate code, nothing TPU-specific. A scenario's ``kind`` (default ``train``) picks what it runs:
 
 - ``train``: a Trainer run (``_training.trainer``); ``expect_error`` records a ``RuntimeError``;
-  ``output_dir`` is relative to the launcher's working directory (a host's local disk).
+  ``output_dir`` is relative to the launcher's working directory (a host's local disk); ``model:
+  "gated"`` trains ``_training.gated_model()``; ``use_cpu`` trains on the CPU (a reference launch
+  without the simulator).
 - ``gather``: ``accelerator.gather_for_metrics`` of 1-D, 2-D and 3-D tensors from a prepared loader
   whose last global batch is partial (Accelerate drops the duplicated rows).
 - ``evaluate``: ``Trainer.evaluate()`` and ``Trainer.predict()`` of the tiny Qwen3 on 10 examples.
@@ -43,18 +45,21 @@ def parameter_digest(model: torch.nn.Module) -> str:
 
 
 def train(scenario: dict, out: Path) -> dict:
-    sim = testing.simulated_tpu()
-    syncs = sim.synchronizations
+    sim = testing.simulated_tpu()  # None in a CPU reference launch (``use_cpu``)
+    syncs = sim.synchronizations if sim is not None else 0
     settings = dict(scenario.get("settings", {}))
     output_dir = Path(scenario["output_dir"]) if "output_dir" in scenario else out / scenario["name"]
+    use_cpu = bool(scenario.get("use_cpu"))
+    model = _training.gated_model() if scenario.get("model") == "gated" else None
     if scenario.get("expect_error"):
         try:
-            _training.trainer(str(output_dir), use_cpu=False, **settings).train()
+            _training.trainer(str(output_dir), use_cpu=use_cpu, model=model, **settings).train()
         except RuntimeError as error:
             return {"error": str(error)}
         return {"error": None}
-    counter = _training.step_counter(sim)
-    run = _training.trainer(str(output_dir), use_cpu=False, callbacks=[counter], **settings)
+    model_init = {"never": model.never.weight.detach().clone()} if model is not None else {}
+    counter = _training.step_counter(sim) if sim is not None else None
+    run = _training.trainer(str(output_dir), use_cpu=use_cpu, model=model, callbacks=[counter] if counter else [], **settings)
     if scenario.get("warmup"):
         from transformers_tpu_ext.training import warmup
 
@@ -71,9 +76,13 @@ def train(scenario: dict, out: Path) -> dict:
         "wrapper": type(run.model_wrapped).__name__,
         "losses": _training.losses(run),
         "params_on_tpu": all(p.device.type == "tpu" for p in run.model.parameters()),
-        "synchronizations": sim.synchronizations - syncs,
-        "programs_per_step": [c.programs for c in counter.steps],
+        "synchronizations": sim.synchronizations - syncs if sim is not None else None,
+        "programs_per_step": [c.programs for c in counter.steps] if counter else None,
         "digest": parameter_digest(run.model),
+        # which of the gated model's rarely used parameters moved (a parameter with no gradient stays)
+        **({"unused_grads": {"gate": float(run.model.gate.detach().cpu()) != 1.0,
+                             "never": bool(torch.ne(run.model.never.weight.detach().cpu(), model_init["never"]).any())}}
+           if model is not None else {}),
     }
 
 

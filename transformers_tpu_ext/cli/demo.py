@@ -12,17 +12,70 @@ cache, not on a reachable Hub) is one error line, at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 PROG = "transformers-tpu demo"
 PROMPT = "The secret to baking a good cake is"
 #: Seconds to wait for the Hub before saying it cannot be reached.
 HUB_TIMEOUT = 10.0
+
+
+#: Lines libraries log while the demo imports them that say nothing about the demo (issue 29): torchao's
+#: optional CUDA kernels, which a CPU or TPU host cannot load (Transformers imports torchao), and
+#: torch's deprecation of ``register_constant()`` on enums, which torchao calls. (logger, words of the
+#: message): dropped in the demo only, while it runs; never for user code.
+NOISE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torchao", ("Failed to load ", "torchao", ".so")),
+    ("torch.utils._pytree", ("is an Enum subclass", "register_constant()")),
+)
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, words: tuple[str, ...]) -> None:
+        super().__init__()
+        self.words = words
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record we cannot format is not ours to drop
+            return True
+        return not all(word in text for word in self.words)
+
+
+@contextlib.contextmanager
+def quiet_library_noise() -> Iterator[None]:
+    """Drop the :data:`NOISE` records (only those) while the demo runs."""
+    filters = [(logging.getLogger(name), _DropNoise(words)) for name, words in NOISE]
+    for logger, noise in filters:
+        logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        for logger, noise in filters:
+            logger.removeFilter(noise)
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """No progress bar while the demo writes its own tiny model (the user's load keeps Transformers' own)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 class DemoError(Exception):
@@ -141,7 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if model_path is None:
             from transformers_tpu_ext.testing.tiny import save_tiny_model
 
-            model_path = save_tiny_model(tmp)
+            with _no_progress_bars():
+                model_path = save_tiny_model(tmp)
         if sim is not None:
             sim.reset_counters()
         start = time.perf_counter()
@@ -211,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, or argparse's usage error (already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
-        result = run(args)
+        with quiet_library_noise():
+            result = run(args)
     except DemoError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return error.exit_code

@@ -36,7 +36,7 @@ class Result:
     status: str  # "pass", "fail", "skip"
     detail: str = ""
     seconds: float = 0.0
-    cpu_seconds: float = 0.0  # this process's CPU time (the wall time counts other load too)
+    cpu_seconds: float = 0.0  # CPU time of this process and the processes it started (the wall time counts other load too)
     facts: dict[str, Any] = field(default_factory=dict)
 
 

@@ -152,7 +152,9 @@ def _generation(ctx: Context, arch: str) -> dict[str, Any]:
             samples.append(model.generate(ids[:1].to("tpu"), max_new_tokens=NEW, do_sample=True, top_k=20).cpu())
         assert torch.equal(*samples), f"seeded sampling is not reproducible: {samples[0].tolist()} vs {samples[1].tolist()}"
         before = ctx.programs()
-        warmup(model, max_prompt_length=16, max_new_tokens=NEW, max_batch_size=2)
+        # The call after it: one row, a prompt shorter than PROMPT (more rows or longer prompts would only
+        # add buckets to compile: prompts up to 16 tokens, padding included, are one bucket).
+        warmup(model, max_prompt_length=PROMPT, max_new_tokens=NEW, max_batch_size=1)
         facts["warmup_programs"] = ctx.programs() - before
         with no_new_programs(f"{arch}: greedy generate() of a new prompt length after warmup()"):
             got = model.generate(other.to("tpu"), max_new_tokens=NEW, do_sample=False)
@@ -175,7 +177,7 @@ def decode_bytes(ctx: Context) -> dict[str, Any]:
     from ..testing.tiny import tiny_model
 
     model = tiny_model("qwen3", seed=0).to("tpu")
-    ids = _ids(model.config.vocab_size, 2, PROMPT, 3).to("tpu")
+    ids = _ids(model.config.vocab_size, 1, PROMPT, 3).to("tpu")  # one row: the programs generate_qwen3 made
     per_call = {}
     for new in (4, 4, 12):  # the first call warms up; the last two differ by 8 decode steps
         before = ctx.traffic()
@@ -213,7 +215,7 @@ def continuous_batching(ctx: Context) -> dict[str, Any]:
 
 def trainer(ctx: Context) -> dict[str, Any]:
     from accelerate.state import AcceleratorState, GradientState
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers import DataCollatorForLanguageModeling, PrinterCallback, Trainer, TrainingArguments
 
     from ..testing.tiny import tiny_lm_dataset, tiny_model, tiny_tokenizer
 
@@ -230,6 +232,7 @@ def trainer(ctx: Context) -> dict[str, Any]:
         )
         run = Trainer(model=tiny_model("qwen3", seed=0), args=args, train_dataset=data,
                       data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+        run.remove_callback(PrinterCallback)  # the report says what the losses were, not the console
         run.train()
         device = next(run.model.parameters()).device.type
         assert device == ("cpu" if use_cpu else "tpu"), f"the Trainer trained on {device}"
@@ -330,8 +333,8 @@ CHECKS: tuple[Check, ...] = (
     Check("ddp", "DDP over tpu_dist on 2+ chips: replicas stay equal after training steps", ddp),
     Check("placement", 'from_pretrained(device_map="auto") puts every weight on the TPU within its HBM budget, ties kept, logits equal to the CPU', placement),
     Check("generate_qwen3", "generate() on GQA/tied Qwen3: greedy, beam, prompt lookup, assisted (draft model) equal the CPU; seeded sampling reproducible; 0 programs after warmup()", generate_qwen3),
-    Check("generate_llama", "the same on multi-head, untied Llama (greedy, beam, sampling, steady state)", generate_llama),
     Check("decode_bytes", "the device decode loop moves token ids, not logits, per step (bytes counted)", decode_bytes),
+    Check("generate_llama", "the same on multi-head, untied Llama (greedy, beam, sampling, steady state)", generate_llama),
     Check("continuous_batching", "generate_batch() equals per-request generate() on the CPU", continuous_batching),
     Check("trainer", "a plain Trainer run trains on the TPU with losses equal to a CPU run within the stated tolerance", trainer),
     Check("int8_weights", "torchao int8 weight-only weights stay int8 on the TPU; tokens equal the same model on the CPU", int8_weights),

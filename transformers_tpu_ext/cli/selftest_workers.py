@@ -124,7 +124,8 @@ def _cache_worker(out: str) -> None:
     from transformers_tpu_ext import testing
     from transformers_tpu_ext.testing.tiny import tiny_model
 
-    model = tiny_model("qwen3", seed=0).to("tpu")
+    # One layer: a start traces every layer of the model (the second start too, whatever its cache holds).
+    model = tiny_model("qwen3", seed=0, num_hidden_layers=1).to("tpu")
     ids = torch.randint(2, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     tokens = model.generate(ids.to("tpu"), max_new_tokens=3, min_new_tokens=3, do_sample=False).cpu().tolist()
     sim = testing.simulated_tpu()

@@ -29,6 +29,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ..settings.parser import OFF_WORDS, ON_WORDS, near_word
+
 __all__ = [
     "CACHE_ENV",
     "CASES",
@@ -37,6 +39,7 @@ __all__ = [
     "ROOT_ENV",
     "TORCH_TPU_CACHE_VARIABLES",
     "default_root",
+    "check_environment",
     "hf_home",
     "parse_setting",
     "plan",
@@ -55,22 +58,41 @@ TORCH_TPU_CACHE_VARIABLES = (
     "TORCH_TPU_INTERNAL_TIER2_COMPILATION_CACHE",
 )
 
-_ON = {"1", "on", "true", "yes", "enabled"}
-_OFF = {"0", "off", "false", "no", "none", "disabled"}
-_AUTO = {"", "auto"}
+#: The words of the setting: the settings layer's one on/off vocabulary, ``auto``, and ``none`` (off).
+_WORDS = ("auto", "none")
 
 
 def parse_setting(raw: str | None) -> str:
-    """``"auto"``, ``"on"``, ``"off"``, or the directory the user named (never raises)."""
+    """``"auto"``, ``"on"``, ``"off"``, ``"invalid"``, or the directory the user named (never raises).
+
+    The rule (``docs/compile-cache.md``): an on or off word of the settings layer (``on``, ``1``,
+    ``enabled``, ``off``, ``0``, ``disable``, ...), ``auto`` or ``none`` is that word; a near miss of one
+    (``of``, ``disbale``, ``nope``) is ``"invalid"`` (the cache stays off, and the check names the word
+    meant), never a directory; anything else is a directory (``./name`` for a bare name).
+    """
     value = (raw or "").strip()
     lowered = value.lower()
-    if lowered in _AUTO:
+    if lowered in ("", "auto"):
         return "auto"
-    if lowered in _ON:
+    if lowered in ON_WORDS:
         return "on"
-    if lowered in _OFF:
+    if lowered in OFF_WORDS or lowered == "none":
         return "off"
+    if near_word(lowered, ON_WORDS | OFF_WORDS | set(_WORDS)):
+        return "invalid"
     return value
+
+
+def check_environment(environ: Mapping[str, str]) -> list[str]:
+    """The problem with :data:`CACHE_ENV`: a near miss of a word (``of``), which must not become a directory."""
+    raw = environ.get(CACHE_ENV, "").strip()
+    if parse_setting(raw) != "invalid":
+        return []
+    meant = near_word(raw, ON_WORDS | OFF_WORDS | set(_WORDS))
+    return [
+        f"{CACHE_ENV}={raw!r} is not a word the setting takes (did you mean {meant}?) and is not taken for a "
+        f"directory: the persistent compile cache stays off; use auto, on, off, or a path such as ./{raw}"
+    ]
 
 
 def hf_home(environ: Mapping[str, str], home: str) -> str:
@@ -127,6 +149,7 @@ class CachePlan:
 CASES: dict[str, tuple[str, str]] = {
     "user": ("leave", "a torch_tpu cache variable is set (`TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT`, `TORCH_TPU_TIER2_COMPILATION_CACHE`, or their `INTERNAL` names)"),
     "disabled": ("off", "`TRANSFORMERS_TPU_EXT_COMPILE_CACHE=off`"),
+    "invalid": ("off", "a near miss of a word (`of`, `disbale`): reported, never taken for a directory"),
     "no_tpu": ("off", "by default, when no TPU chip is on the host's PCI bus (the simulated TPU included)"),
     "no_torch_tpu": ("off", "by default, when torch_tpu is not installed"),
     "late": ("off", "the TPU backend compiled in this process before the plugin was activated"),
@@ -151,6 +174,8 @@ def plan(
                              f"{name}={value!r} is set: torch_tpu's cache settings are left as they are")
     raw = environ.get(CACHE_ENV, "")
     setting = parse_setting(raw)
+    if setting == "invalid":
+        return CachePlan("off", "invalid", None, check_environment(environ)[0])
     if setting == "off":
         return CachePlan("off", "disabled", None, f"{CACHE_ENV}={raw.strip()!r}: compiled programs are not kept across processes")
     explicit = setting != "auto"

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Overrides, check_variables
+from ..settings.parser import parse
+from .settings import SETTINGS
 
 __all__ = [
     "ACTIONS",
@@ -43,10 +45,8 @@ __all__ = [
 
 ACTIONS = ("warn", "error", "ignore")
 WORKS = ("generate", "serve", "train")
-ENV: dict[str, str] = {
-    "on_recompile": "TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE",
-    "settle": "TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE",
-}
+#: Field -> variable (declared in ``compilation.settings``).
+ENV: dict[str, str] = {s.field: s.name for s in SETTINGS if s.field}
 #: How many recompiles of one work are logged in warn mode before the guard only counts them.
 WARN_LIMIT = 5
 
@@ -67,13 +67,13 @@ class GuardSettings:
 
 
 def _parse(name: str, raw: str) -> Any:
-    raw = raw.strip()
-    if name == "on_recompile":
-        return raw.lower()
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV[name]}={raw!r}: expected an integer >= 0") from None
+    setting = next(s for s in SETTINGS if s.field == name)
+    if setting.kind == "integer":
+        try:
+            return parse(setting, raw)
+        except ValueError:
+            raise ValueError(f"{ENV[name]}={raw.strip()!r}: expected an integer >= 0") from None
+    return parse(setting, raw)
 
 
 _overrides = Overrides(GuardSettings, "recompile guard")
@@ -209,7 +209,7 @@ def generate_advice(
                 f"The call is within the warm-up's limits ({_limits(covered)}), but the static cache has {cache} "
                 f"positions, past the warm-up's {warmed_cache}: an earlier, longer call made Transformers keep a longer "
                 "cache, and every bucket compiles again with it; warm up with the longest prompt and max_new_tokens "
-                "the service sees (or set TRANSFORMERS_TPU_EXT_MAX_CACHE_LEN to that length)"
+                "the service sees (or set TRANSFORMERS_TPU_EXT_GENERATE_MAX_CACHE_LEN to that length)"
             )
         if inside:
             return (
@@ -228,8 +228,8 @@ def generate_advice(
     return (
         f"{where}warmup(model, max_prompt_length={prompt}, max_new_tokens={new}{sizes_arg}) at start-up, or "
         f"`transformers-tpu warmup MODEL --max-prompt-length {prompt} --max-new-tokens {new} {sizes_flag}` ahead of "
-        "time, compiles it; TRANSFORMERS_TPU_EXT_PROMPT_BUCKETS, TRANSFORMERS_TPU_EXT_BATCH_BUCKETS and "
-        "TRANSFORMERS_TPU_EXT_CACHE_BUCKETS choose the buckets"
+        "time, compiles it; TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS, TRANSFORMERS_TPU_EXT_GENERATE_BATCH_BUCKETS and "
+        "TRANSFORMERS_TPU_EXT_GENERATE_CACHE_BUCKETS choose the buckets"
     )
 
 

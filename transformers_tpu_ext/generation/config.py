@@ -9,7 +9,6 @@ See ``docs/generation.md``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Mapping
@@ -19,25 +18,16 @@ from typing import Any
 from . import buckets
 from ..ladders import geometric_ladder
 from ..config import Overrides, check_variables, with_renamed
+from ..settings.parser import parse
+from .settings import SETTINGS
 from ..quantization import kv_format as kv_cache_format
 
 __all__ = ["ENV", "KV_CACHE_FORMATS", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
-#: Environment variable of each field (booleans: 1/0, true/false, on/off; lists: comma-separated).
-ENV: dict[str, str] = {
-    "static_cache": "TRANSFORMERS_TPU_EXT_GENERATE_STATIC_CACHE",
-    "bucketing": "TRANSFORMERS_TPU_EXT_GENERATE_BUCKETS",
-    "compile_prefill": "TRANSFORMERS_TPU_EXT_GENERATE_COMPILE_PREFILL",
-    "device_decode": "TRANSFORMERS_TPU_EXT_GENERATE_DEVICE_DECODE",
-    "prompt_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS",
-    "steps_per_octave": "TRANSFORMERS_TPU_EXT_GENERATE_STEPS_PER_OCTAVE",
-    "prefill_chunk": "TRANSFORMERS_TPU_EXT_GENERATE_PREFILL_CHUNK",
-    "batch_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_BATCH_BUCKETS",
-    "cache_buckets": "TRANSFORMERS_TPU_EXT_GENERATE_CACHE_BUCKETS",
-    "max_cache_len": "TRANSFORMERS_TPU_EXT_GENERATE_MAX_CACHE_LEN",
-    "recompile_limit": "TRANSFORMERS_TPU_EXT_GENERATE_RECOMPILE_LIMIT",
-    "kv_cache": "TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE",
-}
+#: Environment variable of each field, from :data:`generation.settings.SETTINGS` (booleans: the
+#: settings layer's on/off words; lists: comma-separated).
+ENV: dict[str, str] = {s.field: s.name for s in SETTINGS}
+_BY_FIELD = {s.field: s for s in SETTINGS}
 
 #: Values of ``kv_cache`` (``None``: the KV cache in the model's dtype, as upstream).
 KV_CACHE_FORMATS = kv_cache_format.FORMATS
@@ -166,30 +156,8 @@ def _positive(name: str, value: Any) -> None:
         raise ValueError(f"TPUGenerationConfig.{name} must be a positive integer, got {value!r}")
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _parse(name: str, raw: str) -> Any:
-    raw = raw.strip()
-    kind = {f.name: f.type for f in dataclasses.fields(TPUGenerationConfig)}[name]
-    where = f"{ENV[name]}={raw!r}"
-    if kind == "bool":
-        if raw.lower() in _TRUE:
-            return True
-        if raw.lower() in _FALSE:
-            return False
-        raise ValueError(f"{where}: use 1 or 0")
-    if raw.lower() in {"", "none", "default"} and "None" in kind:
-        return None
-    if kind == "str | None":
-        return raw.lower()
-    try:
-        if "tuple" in kind:
-            return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{where}: expected {'a comma list of integers' if 'tuple' in kind else 'an integer'}") from None
+    value = parse(_BY_FIELD[name], raw)
     if name == "prefill_chunk" and value == 0:
         return None
     return value

@@ -7,7 +7,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   (``serving.paged_path``: otherwise it is upstream's, unpatched), plans it (shapes, page size, max
   length, HBM) and gives the model the dispatching attention (``"tpu_paged|sdpa"``...: the paged
   kernel inside the manager's steps, the model's own attention everywhere else; restored by
-  ``stop()`` as upstream restores its own, or by ``destroy()`` for a manager never started).
+  ``stop()`` as upstream restores its own, by ``destroy()`` for a manager never started, and by
+  ``generate_batch()`` however it ends: ``wrap_attention``).
 - ``resolve_continuous_batching_config``: step shapes from the bucket ladders, the ``tpu`` compile
   backend (a CompileConfig it would reject is adapted, with one warning), no CUDA graphs, no
   asynchronous batching (streams do not work on torch_tpu 0.2.0).
@@ -19,6 +20,9 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
 - the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
+- ``ContinuousBatchingLogitsProcessorList.__init__``: a manager that samples reads temperature, top-k
+  and top-p per request from a tensor of the step (``serving.sampling.per_request_path``), not from
+  numbers compiled into its programs.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
 
@@ -33,6 +37,8 @@ import sys
 from typing import Any
 
 from . import policy as serving
+from . import sampling
+from . import wrap_attention as attention
 from ..backend import chip_info, is_tpu
 from ..compilation import recompile_limit
 from ..core.wrapping import Wraps, warn_once
@@ -44,14 +50,14 @@ DISTRIBUTION = "transformers"
 logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
-_registered_attention: list[tuple[Any, str]] = []  # (registry, name) pairs we registered (for revert)
 
 
 class _Init:
     """What the ``__init__`` wrapper knows while upstream's ``__init__`` runs (read by the resolve wrapper)."""
 
-    def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any) -> None:
+    def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any, generation_config: Any = None) -> None:
         self.model, self.settings, self.user_config = model, settings, user_config
+        self.generation_config = generation_config
         chip = chip_info()
         from ..placement.budget import headroom_bytes
 
@@ -70,13 +76,15 @@ def apply(module: Any) -> None:
     cache_module = sys.modules["transformers.generation.continuous_batching.cache"]
     manager = module.ContinuousBatchingManager
     _wraps.wrap(manager, "__init__", _manager_init)
-    _wraps.wrap(manager, "switch_to_cb_friendly_attn", _switch_attention)
+    _wraps.wrap(manager, "switch_to_cb_friendly_attn", attention.switch_attention)
     _wraps.wrap(manager, "start", _start)
-    _wraps.wrap(manager, "destroy", _destroy)
+    _wraps.wrap(manager, "destroy", attention.destroy)
     _wraps.wrap(manager, "add_request", _add_request)
+    _wraps.wrap(module.ContinuousMixin, "generate_batch", attention.generate_batch)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
+    _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
     allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
@@ -88,9 +96,7 @@ def apply(module: Any) -> None:
 
 def revert() -> None:
     _wraps.unwrap_all()
-    while _registered_attention:
-        mapping, name = _registered_attention.pop()
-        mapping._global_mapping.pop(name, None)
+    attention.forget()
     recompile_limit.release("serve")
 
 
@@ -127,13 +133,15 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     # The user's own mistakes (a bad TRANSFORMERS_TPU_EXT_SERVE_* or HBM headroom value) raise here.
     settings = serving.current()
     user_config = args[2] if len(args) > 2 else kwargs.get("continuous_batching_config")
-    token = _init.set(_Init(model, settings, user_config))
+    generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    token = _init.set(_Init(model, settings, user_config, generation_config))
     try:
         wrapped(*args, **kwargs)
     finally:
         _init.reset(token)
     if _plan_of(instance.continuous_batching_config) is not None:
-        _use_tpu_attention(instance, model)
+        attention.made(instance)
+        attention.use_tpu_attention(instance, model)
 
 
 def _serve_facts(model: Any) -> serving.ServeFacts:
@@ -144,70 +152,11 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
     return serving.ServeFacts(
         tensor_parallel=getattr(model, "_device_mesh", None) is not None,
         encoder_decoder=bool(model.config.is_encoder_decoder),
-        attention=_user_attention(model),
+        attention=attention.user_attention(model),
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
     )
-
-
-def _user_attention(model: Any) -> str:
-    """The model's attention implementation as the user set it (not the dispatcher of a live manager)."""
-    current = str(model.config._attn_implementation)
-    if current.startswith(_runtime().ATTENTION_NAME + "|"):
-        return getattr(model, "_tpu_ext_attn_original", current)
-    return current
-
-
-def _switch_attention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    model = args[0] if args else kwargs["model"]
-    _restore_attention(model)  # a live or cached manager's dispatcher: upstream's check must see the user's
-    result = wrapped(*args, **kwargs)
-    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None:  # a cached manager, re-used
-        _use_tpu_attention(instance, model)
-    return result
-
-
-def _use_tpu_attention(manager: Any, model: Any) -> None:
-    """Give ``model`` the dispatching attention of its implementation (registered with its mask function)."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    runtime = _runtime()
-    current = str(model.config._attn_implementation)
-    if current.startswith(runtime.ATTENTION_NAME + "|"):
-        return
-    fallback = serving.PAGED_FALLBACKS[current]
-    name = runtime.attention_name(fallback)
-    for mapping, function in (
-        (ALL_ATTENTION_FUNCTIONS, runtime.dispatching_attention(fallback)),
-        (ALL_MASK_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS[fallback]),
-    ):
-        if mapping._global_mapping.get(name) is not function:
-            mapping._global_mapping[name] = function
-            _registered_attention.append((mapping, name))
-    model._tpu_ext_attn_original = current
-    model.set_attn_implementation(name)
-    if manager._original_attn_impl is None:
-        manager._original_attn_impl = current
-
-
-def _restore_attention(model: Any) -> None:
-    """Give ``model`` back the attention it had before a TPU manager switched it (nothing if none did)."""
-    original = getattr(model, "_tpu_ext_attn_original", None)
-    if original is not None and str(model.config._attn_implementation).startswith(_runtime().ATTENTION_NAME + "|"):
-        model.set_attn_implementation(original)
-
-
-def _destroy(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    # Upstream restores the attention in stop(), which destroy() calls only for a running manager.
-    if _plan_of(getattr(instance, "continuous_batching_config", None)) is not None and instance._original_attn_impl:
-        model = instance.model
-        if getattr(model, "_cached_continuous_batching_manager", None) is not instance:
-            _restore_attention(model)
-            instance._original_attn_impl = None
-    return result
 
 
 def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -289,6 +238,33 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
 
     plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
     resolved.tpu_plan = plan
+
+
+def _processor_list(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """The manager's logits processors: per request (``serving.sampling.per_request_path``) on the TPU path."""
+    init = _init.get()
+    if init is None:
+        return wrapped(*args, **kwargs)
+    bound = {**dict(zip(("logits_processor", "per_request_processors", "drop_unsupported_processors"), args)), **kwargs}
+    processors = list(bound["logits_processor"])
+    facts = sampling.SamplingFacts(
+        tpu_path=True,
+        do_sample=bool(getattr(init.generation_config, "do_sample", False)),
+        processors=tuple(type(p).__name__ for p in processors),
+        upstream_classes=all(type(p).__module__.startswith("transformers.") for p in processors),
+    )
+    taken, why = sampling.per_request_path(facts)
+    logger.debug("transformers-tpu-ext: continuous batching logits processors: %s", why)
+    if not taken:
+        return wrapped(*args, **kwargs)
+    from transformers.generation import logits_process
+
+    made = [
+        processors[p] if isinstance(p, int) else getattr(logits_process, p)(sampling.IDENTITY[p])
+        for p in sampling.completed(facts.processors)
+    ]
+    bound.update(logits_processor=logits_process.LogitsProcessorList(made), per_request_processors=True)
+    return wrapped(**bound)
 
 
 def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

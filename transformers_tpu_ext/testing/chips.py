@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..settings.parser import OFF_WORDS, ON_WORDS
+
 __all__ = ["CHIPS", "HOST_SHARE", "SIMULATE_ENV", "SIMULATE_KEYS", "Chip", "default_hbm", "parse_bytes", "parse_spec"]
 
 GiB = 1 << 30
@@ -81,8 +83,8 @@ SIMULATE_KEYS = {
     "untie_on_move": "1 to reproduce torch_tpu #4161 (moves untie shared parameters), 0 not to",
 }
 _ALIASES = {"hbm_bytes": "hbm", "untie": "untie_on_move"}
-_ON = {"1", "true", "yes", "on"}
-_OFF = {"0", "false", "no", "off"}
+_ON = ON_WORDS  # the settings layer's one vocabulary
+_OFF = OFF_WORDS
 _SPEC_HELP = (
     f"use 1 (the default host: 4 v6e chips), 0 (off) or comma-separated key=value pairs with keys "
     f"{', '.join(SIMULATE_KEYS)}, e.g. chips=8,generation=v5e,hbm=1GiB"

@@ -32,10 +32,13 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..ladders import geometric_ladder, round_up
 from ..core.length_readers import padding_limit
+from ..settings.parser import OFF_WORDS, ON_WORDS, near_word
 from .batch_facts import BatchPlan, ModelFacts, SourceFacts  # the plan's facts, re-exported here
+from .settings import SETTINGS as _SETTINGS
 
 __all__ = [
     "IGNORE_INDEX",
@@ -346,14 +349,8 @@ def cut_length(shape: Sequence[int], sides: Sequence[tuple[int, int]]) -> int | 
     return None
 
 
-#: The environment variables of :func:`settings`.
-ENV = {
-    "buckets": "TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS",
-    "steps_per_octave": "TRANSFORMERS_TPU_EXT_TRAIN_STEPS_PER_OCTAVE",
-    "reuse": "TRANSFORMERS_TPU_EXT_TRAIN_REUSE",
-}
-_OFF = {"0", "false", "no", "off"}
-_ON = {"", "1", "true", "yes", "on"}
+#: The environment variables of :func:`settings` (declared in ``training.settings``).
+ENV = {s.field: s.name for s in _SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -376,31 +373,52 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
       reused for a shorter batch (1.5; 1 turns reuse off).
     """
     env = os.environ if environ is None else environ
-    raw = env.get(ENV["buckets"], "").strip().lower()
+    values, problems = _read(env)
+    if problems:
+        raise ValueError("; ".join(problems))
+    buckets, steps, reuse = values
+    if buckets is False:
+        return Settings(enabled=False, ladder=(), reuse=reuse)
+    if buckets is True:
+        return Settings(enabled=True, ladder=sequence_ladder(steps), reuse=reuse)
+    return Settings(enabled=True, ladder=buckets, reuse=reuse)
+
+
+def settings_problems(environ: Mapping[str, str]) -> list[str]:
+    """Every invalid training variable in ``environ``, one message each (all at once)."""
+    return _read(environ)[1]
+
+
+def _read(env: Mapping[str, str]) -> tuple[tuple[Any, int, float], list[str]]:
+    problems: list[str] = []
+    raw = env.get(ENV["buckets"], "").strip()
     steps_raw = env.get(ENV["steps_per_octave"], "").strip()
     reuse_raw = env.get(ENV["reuse"], "").strip()
+    steps, reuse, buckets = 2, 1.5, True
     try:
         steps = int(steps_raw) if steps_raw else 2
         if steps < 1:
             raise ValueError
     except ValueError:
-        raise ValueError(f"{ENV['steps_per_octave']}={steps_raw!r}: expected a positive integer") from None
+        problems.append(f"{ENV['steps_per_octave']}={steps_raw!r}: expected a positive integer")
     try:
         reuse = float(reuse_raw) if reuse_raw else 1.5
         if reuse < 1:
             raise ValueError
     except ValueError:
-        raise ValueError(f"{ENV['reuse']}={reuse_raw!r}: expected a number >= 1 (1 turns reuse off)") from None
-    if raw in _OFF:
-        return Settings(enabled=False, ladder=(), reuse=reuse)
-    if raw in _ON:
-        return Settings(enabled=True, ladder=sequence_ladder(steps), reuse=reuse)
-    try:
-        ladder = tuple(sorted({int(part) for part in raw.split(",") if part.strip()}))
-        if not ladder or ladder[0] < 1:
-            raise ValueError
-    except ValueError:
-        raise ValueError(
-            f"{ENV['buckets']}={raw!r}: expected 1, 0 or a comma list of sequence lengths (e.g. 128,256,512)"
-        ) from None
-    return Settings(enabled=True, ladder=ladder, reuse=reuse)
+        problems.append(f"{ENV['reuse']}={reuse_raw!r}: expected a number >= 1 (1 turns reuse off)")
+    if not raw or raw.lower() in ON_WORDS:
+        buckets = True
+    elif raw.lower() in OFF_WORDS:
+        buckets = False
+    else:
+        try:
+            buckets = tuple(sorted({int(part) for part in raw.split(",") if part.strip()}))
+            if not buckets or buckets[0] < 1:
+                raise ValueError
+        except ValueError:
+            meant = near_word(raw)
+            hint = f" (did you mean {meant}?)" if meant else ""
+            problems.append(f"{ENV['buckets']}={raw!r}{hint}: expected 1, 0 or a comma list of sequence lengths "
+                            "(e.g. 128,256,512)")
+    return (buckets, steps, reuse), problems
