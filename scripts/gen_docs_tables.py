@@ -4,7 +4,7 @@
     python scripts/gen_docs_tables.py --check   # exit 1 if a table is out of date
 
 Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``) and
-"Models whose rotary embedding reads the length" (``transformers_tpu_ext.length_readers.length_table``),
+"Models whose rotary embedding reads the length" (``transformers_tpu_ext.core.length_readers.length_table``),
 docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``) and "Sampling
 parameters per request" (``transformers_tpu_ext.serving.sampling``), and docs/configuration.md, "Every
 setting" (``transformers_tpu_ext.settings.settings_table``), each between
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check; exit 1 if a table is out of date")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from transformers_tpu_ext import length_readers, settings
+    from transformers_tpu_ext import settings
+    from transformers_tpu_ext.core import length_readers
     from transformers_tpu_ext.generation import paths
     from transformers_tpu_ext.serving import kernel_path, sampling
 

@@ -7,6 +7,8 @@ changes nothing. See ``docs/architecture.md``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import log as _log
 
 _log.setup()  # before anything logs: the plugin's logger follows Transformers' verbosity
@@ -35,12 +37,42 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy exports keep `import transformers_tpu_ext` cheap
-    if name == "warmup":  # one warmup for every work: generate (default), serve, train
-        from .compilation.warmups import warmup
+#: The works :func:`warmup` compiles ahead (each capability's warm-up is in its own folder:
+#: ``generation/warm_up.py``, ``serving/warm_up.py``, ``training/warm_up.py``).
+WORKS = ("generate", "serve", "train")
 
-        return warmup
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def _is_trainer(target: Any) -> bool:
+    return any(cls.__name__ == "Trainer" for cls in type(target).__mro__)
+
+
+def warmup(target: Any, work: str | None = None, **options: Any) -> Any:
+    """Precompile ``work`` for ``target`` (a model, or a ``Trainer`` for ``"train"``): one warmup for
+    every work, ``"generate"`` (the default for a model), ``"serve"``, ``"train"`` (the default for a ``Trainer``).
+    Each tells the recompile guard that its work is warmed up; see ``docs/compile-cache.md``.
+
+    ``warmup(model, max_prompt_length=512, max_new_tokens=128, max_batch_size=8)`` (generate),
+    ``warmup(model, work="serve", generation_config=...)``, ``warmup(trainer, max_length=512)`` (train).
+    """
+    if work is None:
+        work = "train" if _is_trainer(target) else "generate"
+    if work not in WORKS:
+        raise ValueError(f"warmup(work={work!r}): choose one of {', '.join(map(repr, WORKS))}")
+    if work == "train":
+        if not _is_trainer(target):
+            raise TypeError("warmup(..., work='train') takes the Trainer (warmup(trainer, max_length=...))")
+        from .training.warm_up import warmup_train
+
+        return warmup_train(target, **options)
+    if _is_trainer(target):
+        raise TypeError(f"warmup(trainer, work={work!r}): pass the model (trainer.model) for {work!r}")
+    if work == "serve":
+        from .serving.warm_up import warmup_serve
+
+        return warmup_serve(target, **options)
+    from .generation.warm_up import warmup_generate
+
+    return warmup_generate(target, **options)
 
 
 def _bootstrap() -> None:

@@ -22,7 +22,8 @@ import threading
 from types import ModuleType
 from typing import Callable
 
-from . import _post_import, config, log
+from . import config, log
+from .core import _post_import
 from .log import TransformersTPUExtWarning
 from . import registry
 
@@ -163,7 +164,7 @@ def _on_import(name: str, module: ModuleType) -> None:
             _applying.add(name)
         gated = False
         try:
-            from . import versions
+            from .core import versions
 
             patch = _patch_module(name)
             reason = versions.version_gate(patch.DISTRIBUTION)
@@ -218,7 +219,7 @@ def _patches_of(distribution: str) -> list[str]:
 
 
 def _gate_message(distribution: str, reason: str) -> str:
-    from .versions import SUPPORTED
+    from .core.versions import SUPPORTED
 
     names = _patches_of(distribution)
     return (
@@ -234,7 +235,7 @@ def _note_untested(distribution: str) -> None:
         if distribution in _noted_untested:
             return
         _noted_untested.add(distribution)
-    from .versions import untested
+    from .core.versions import untested
 
     note = untested(distribution)
     if note:

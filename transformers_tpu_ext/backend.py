@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .topology import normalize_generation
+from .core.topology import normalize_generation
 
 DEVICE_TYPE = "tpu"
 

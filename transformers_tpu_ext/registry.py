@@ -46,9 +46,9 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "accelerate_prepare": "training",
         "transformers_training_args": "training",
         "transformers_trainer": "training",
-        "recompile_guard_generate": "compilation",
-        "recompile_guard_serve": "compilation",
-        "recompile_guard_train": "compilation",
+        "recompile_guard_generate": "generation",
+        "recompile_guard_serve": "serving",
+        "recompile_guard_train": "training",
         "pipeline_buckets": "inference",
     }
 )
@@ -56,8 +56,11 @@ PATCHES: Mapping[str, str] = MappingProxyType(
 #: Every patch name, in the order patches are armed.
 REGISTRY: tuple[str, ...] = tuple(PATCHES)
 
-#: Every capability with patches, in the order of its first patch.
-CAPABILITIES: tuple[str, ...] = tuple(dict.fromkeys(PATCHES.values()))
+#: Every capability, in the order of its first patch; ``compilation`` (a service below the others: the
+#: compile cache, the recompile guard, TorchDynamo's recompile limit) has settings and no patch of its own.
+CAPABILITIES: tuple[str, ...] = (
+    "placement", "kernels", "generation", "parallelism", "serving", "quantization", "training", "compilation", "inference",
+)
 
 
 def capability(name: str) -> str:

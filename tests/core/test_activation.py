@@ -12,8 +12,9 @@ import warnings
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from transformers_tpu_ext import activation, versions
-from transformers_tpu_ext.wrapping import Wraps, fail_safe
+from transformers_tpu_ext import activation
+from transformers_tpu_ext.core import versions
+from transformers_tpu_ext.core.wrapping import Wraps, fail_safe
 
 
 def _fake_target(tmp_path, monkeypatch) -> str:

@@ -107,7 +107,7 @@ def test_a_failing_bootstrap_is_one_warning_and_import_torch_goes_on():
         """
 import warnings
 warnings.simplefilter("always")
-sys.modules["transformers_tpu_ext.settings"] = None  # force activation to fail inside the entry point
+sys.modules["transformers_tpu_ext.compilation.persistent"] = None  # force activation to fail inside the entry point (activate() imports it; the package import does not)
 import torch
 import transformers_tpu_ext as ext
 report({"tensor": torch.ones(2).sum().item(), "active": ext.is_active(), "applied": ext.active_patches()})

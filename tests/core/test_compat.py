@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from transformers_tpu_ext import versions
+from transformers_tpu_ext.core import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = ("torch", "transformers", "accelerate", "wrapt")

@@ -1,4 +1,4 @@
-"""``transformers_tpu_ext.length_readers``: what reads the length of a forward pass, and the predicates on it.
+"""``transformers_tpu_ext.core.length_readers``: what reads the length of a forward pass, and the predicates on it.
 
 The table is checked against the installed Transformers: every entry of ``ROPE_INIT_FUNCTIONS`` is in it,
 and a real rotary module of each type changes its frequencies with the length exactly where the table
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from transformers_tpu_ext import length_readers as lr
-from transformers_tpu_ext.length_readers import LengthPlan, ModelLengths, Rotary
+from transformers_tpu_ext.core import length_readers as lr
+from transformers_tpu_ext.core.length_readers import LengthPlan, ModelLengths, Rotary
 
 LONGROPE = ModelLengths((Rotary("longrope", 64),))
 PHI3 = ModelLengths((Rotary("longrope", 64),), resets_cache_at=64)
@@ -22,7 +22,7 @@ def test_module_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, transformers_tpu_ext.length_readers; print('torch' in sys.modules)"
+    code = "import sys, transformers_tpu_ext.core.length_readers; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"TRANSFORMERS_TPU_EXT_DISABLE": "1", "PYTHONPATH": ":".join(sys.path)})
     assert out.stdout.strip().endswith("False"), out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from transformers_tpu_ext import _post_import
+from transformers_tpu_ext.core import _post_import
 
 
 def _package(tmp_path, name: str) -> None:

@@ -12,7 +12,8 @@ import warnings
 import pytest
 
 import transformers_tpu_ext as ext
-from transformers_tpu_ext import activation, config, log, settings, versions
+from transformers_tpu_ext import activation, config, log, settings
+from transformers_tpu_ext.core import versions
 from transformers_tpu_ext.generation import config as generation_config
 from transformers_tpu_ext.registry import REGISTRY
 from transformers_tpu_ext.testing import chips
@@ -176,7 +177,7 @@ def fake_transformers_patches(tmp_path, monkeypatch):
     import types
     import uuid
 
-    from transformers_tpu_ext.wrapping import Wraps
+    from transformers_tpu_ext.core.wrapping import Wraps
 
     patches = {}
     for index in range(3):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformers_tpu_ext import topology
+from transformers_tpu_ext.core import topology
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 from transformers_tpu_ext.placement.budget import default_headroom
 from transformers_tpu_ext.quantization import capacity
 from transformers_tpu_ext.quantization.capacity import CHIPS, ModelCounts, fit, kv_bytes_per_position, weight_bytes
-from transformers_tpu_ext.topology import TOPOLOGIES
+from transformers_tpu_ext.core.topology import TOPOLOGIES
 
 GiB = 1 << 30
 

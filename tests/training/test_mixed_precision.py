@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from transformers_tpu_ext import wrapping
+from transformers_tpu_ext.core import wrapping
 from transformers_tpu_ext.training import policy as training_policy
 
 

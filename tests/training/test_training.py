@@ -23,7 +23,8 @@ from _training import (  # noqa: E402
 from transformers_tpu_ext.training import buckets as batch_buckets
 from transformers_tpu_ext import testing  # noqa: E402
 from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_lm_dataset, tiny_model  # noqa: E402
-from transformers_tpu_ext.training.collator import BucketCollator, warmup  # noqa: E402
+from transformers_tpu_ext.training.collator import BucketCollator  # noqa: E402
+from transformers_tpu_ext.training.warm_up import warmup  # noqa: E402
 
 from _subprocess import run_python  # noqa: E402
 

@@ -216,7 +216,7 @@ def test_dpo_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, lora):
 
 @pytest.mark.slow  # most of it is importing TRL's trainers
 def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path, caplog):
-    from transformers_tpu_ext import wrapping
+    from transformers_tpu_ext.core import wrapping
     from transformers_tpu_ext.training.facts import source_facts
 
     def sft(**extra):

@@ -33,7 +33,8 @@ from argparse import Namespace
 from importlib.machinery import PathFinder
 from typing import Any, NoReturn
 
-from .. import backend, topology
+from .. import backend
+from ..core import topology
 
 __all__ = ["LaunchError", "check_script", "main", "prepare"]
 

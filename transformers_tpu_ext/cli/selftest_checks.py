@@ -120,7 +120,7 @@ def placement(ctx: Context) -> dict[str, Any]:
 def _generation(ctx: Context, arch: str) -> dict[str, Any]:
     import torch
 
-    from ..compilation.warmups import warmup
+    from .. import warmup
     from ..testing.programs import no_new_programs
     from ..testing.tiny import check_context_sensitive, tiny_model
 

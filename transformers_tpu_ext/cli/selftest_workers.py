@@ -77,7 +77,8 @@ def compile_cache(ctx: Any) -> dict[str, Any]:
 
 
 def _ddp_count(ctx: Any) -> int:
-    from .. import backend, topology
+    from .. import backend
+    from ..core import topology
 
     if ctx.simulated:
         if not ctx.options.get("ddp"):

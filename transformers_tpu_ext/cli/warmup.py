@@ -128,7 +128,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _generate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from transformers_tpu_ext.compilation.warmups import warmup_generate
+    from transformers_tpu_ext.generation.warm_up import warmup_generate
 
     options: dict[str, Any] = {"do_sample": True} if args.do_sample else {}
     plans = warmup_generate(
@@ -158,7 +158,7 @@ def serve_generation_config(model: Any, do_sample: bool = False) -> Any:
 
 
 def _serve(model: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from transformers_tpu_ext.compilation.warmups import warmup_serve
+    from transformers_tpu_ext.serving.warm_up import warmup_serve
 
     manager = warmup_serve(model, generation_config=serve_generation_config(model, do_sample=args.do_sample))
     plan = getattr(manager.continuous_batching_config, "tpu_plan", None)
@@ -174,7 +174,7 @@ def _train(model: Any, args: argparse.Namespace, workdir: str) -> dict[str, Any]
     import torch
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    from transformers_tpu_ext.compilation.warmups import warmup_train
+    from transformers_tpu_ext.training.warm_up import warmup_train
 
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Compile once: the persistent compile cache, ahead-of-time warm-up, the recompile guard.
+"""Compile once, a service below the capabilities: the persistent compile cache, the recompile guard.
 
 The decisions (pure modules, no torch, no Transformers):
 
@@ -8,12 +8,14 @@ The decisions (pure modules, no torch, no Transformers):
   says, the guard's settings (``TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE``, :func:`configure`).
 
 The runtime: :mod:`.persistent` (sets the cache up at activation, :func:`cache_report`),
-:mod:`.recompile` (counts programs around a call, cache-only mode, :class:`RecompileError`),
-:mod:`.warmups` (:func:`warmup`, which is ``transformers_tpu_ext.warmup``).
+:mod:`.recompile` (counts programs around a call, cache-only mode, :class:`RecompileError`, the
+warm-ups' marks), :mod:`.recompile_limit` (TorchDynamo's recompile limit, raised to the graphs each
+capability plans). Each capability's warm-up lives in its own folder (``generation/warm_up.py``, ...);
+``transformers_tpu_ext.warmup`` chooses one.
 
-The glue, one patch per target: ``patch_recompile_guard_generate`` (``generate()``),
-``patch_recompile_guard_serve`` (continuous-batching steps and warm-up),
-``patch_recompile_guard_train`` (``Trainer.training_step``). See ``docs/compile-cache.md``.
+The guard's glue lives with each capability, which calls this service: ``generation/patch_recompile_guard_generate``
+(``generate()``), ``serving/patch_recompile_guard_serve`` (continuous-batching steps and warm-up),
+``training/patch_recompile_guard_train`` (``Trainer.training_step``). See ``docs/compile-cache.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from .guard import GuardSettings, configure, current, reset
 
-__all__ = ["GuardSettings", "RecompileError", "cache_report", "configure", "current", "reset", "warmup"]
+__all__ = ["GuardSettings", "RecompileError", "cache_report", "configure", "current", "reset"]
 
 
 def cache_report() -> dict[str, Any]:
@@ -33,10 +35,6 @@ def cache_report() -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "warmup":
-        from .warmups import warmup
-
-        return warmup
     if name == "RecompileError":
         from .recompile import RecompileError
 

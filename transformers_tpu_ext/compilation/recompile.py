@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import guard
-from ..wrapping import user_error
+from ..core.wrapping import user_error
 
 __all__ = [
     "CallFacts",

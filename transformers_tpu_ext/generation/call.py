@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..wrapping import fail_safe
+from ..core.wrapping import fail_safe
 from . import config as settings_module
 from . import policy
 from .views import Padding

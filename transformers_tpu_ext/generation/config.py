@@ -20,7 +20,7 @@ from ..ladders import geometric_ladder
 from ..config import Overrides, check_variables, with_renamed
 from ..settings.parser import parse
 from .settings import SETTINGS
-from ..quantization import kv_cache as kv_cache_format
+from ..quantization import kv_format as kv_cache_format
 
 __all__ = ["ENV", "KV_CACHE_FORMATS", "TPUGenerationConfig", "check_environment", "configure", "current", "reset"]
 
@@ -132,7 +132,9 @@ class TPUGenerationConfig:
         :meth:`forward_graphs` plus 8 (a second cache length before the warm-up fixed one, and the
         model's other compiled functions). Past the limit TorchDynamo stops compiling and the
         remaining buckets run op by op in every call, each op a program of its own on a chip."""
-        return max(self.recompile_limit, 2 * self.forward_graphs() + 8)
+        from ..compilation.recompile_limit import needed
+
+        return needed(self.forward_graphs(), floor=self.recompile_limit)
 
     def plan(self, batch_size: int, prompt_length: int, max_new_tokens: int, min_padding: int = 0) -> buckets.Plan:
         """The padded shapes of one call (see :func:`transformers_tpu_ext.generation.buckets.plan`)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wrapping import Wraps
+from ..core.wrapping import Wraps
 from . import wrap_compile, wrap_decoding, wrap_generate, wrap_prepare
 from .call import record_signature
 

@@ -5,7 +5,7 @@ Pure data; see ``transformers_tpu_ext.settings`` for the layer that parses and c
 
 from __future__ import annotations
 
-from ..quantization.kv_cache import FORMATS as _KV_FORMATS
+from ..quantization.kv_format import FORMATS as _KV_FORMATS
 from ..settings.parser import Setting
 
 __all__ = ["SETTINGS"]

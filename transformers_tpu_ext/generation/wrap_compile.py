@@ -2,28 +2,25 @@
 
 A ``CompileConfig`` the ``tpu`` backend rejects (``mode="reduce-overhead"``, ``backend="inductor"``...)
 is adapted (``policy.tpu_compile_settings``), with one warning; TorchDynamo's recompile limit is
-raised so each bucket gets its graph (and restored by :func:`restore`).
+raised so each bucket gets its graph (``compilation.recompile_limit``, released by :func:`restore`).
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-import sys
 import threading
 from typing import Any
 
 from ..backend import is_tpu
-from ..wrapping import fail_safe
+from ..compilation import recompile_limit
+from ..core.wrapping import fail_safe
 from . import config as settings_module
 from . import policy
 from .call import CURRENT, bind
 
-logger = logging.getLogger("transformers_tpu_ext")
 
 _warned_lock = threading.Lock()
 _warned_configs: set[str] = set()
-_saved_recompile_limit: int | None = None
 
 def valid_auto_compile_criteria(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if not is_tpu(getattr(instance, "device", None)):
@@ -41,7 +38,8 @@ def _valid_auto_compile_criteria_on_tpu(wrapped: Any, instance: Any, args: tuple
     can_compile = wrapped(**arguments)
     if can_compile:
         state = CURRENT.get()
-        _raise_recompile_limit((state.settings if state else settings_module.current()).dynamo_recompile_limit())
+        settings = state.settings if state else settings_module.current()
+        recompile_limit.require("generate", settings.forward_graphs(), floor=settings.recompile_limit)
     return can_compile
 
 
@@ -71,31 +69,6 @@ def _adapt_compile_config(config: Any) -> Any:
     return adapted
 
 
-def _dynamo_config() -> Any:
-    dynamo = sys.modules.get("torch._dynamo")
-    return getattr(dynamo, "config", None)
-
-
-def _raise_recompile_limit(limit: int) -> None:
-    global _saved_recompile_limit
-    dynamo_config = _dynamo_config()
-    if dynamo_config is None:
-        import torch._dynamo
-
-        dynamo_config = torch._dynamo.config
-    current = dynamo_config.recompile_limit
-    if current < limit:
-        if _saved_recompile_limit is None:
-            _saved_recompile_limit = current
-        dynamo_config.recompile_limit = limit
-        logger.info("transformers-tpu-ext: TorchDynamo recompile_limit raised from %d to %d", current, limit)
-
-
 def restore() -> None:
-    """Give TorchDynamo back the recompile limit it had before the plugin raised it."""
-    global _saved_recompile_limit
-    if _saved_recompile_limit is not None:
-        dynamo_config = _dynamo_config()
-        if dynamo_config is not None:
-            dynamo_config.recompile_limit = _saved_recompile_limit
-        _saved_recompile_limit = None
+    """Generation no longer needs a raised recompile limit (TorchDynamo gets its own back once no work does)."""
+    recompile_limit.release("generate")

@@ -16,9 +16,9 @@ import logging
 import sys
 from typing import Any
 
-from .. import length_readers
+from ..core import length_readers
 from ..backend import is_tpu
-from ..wrapping import warn_once
+from ..core.wrapping import warn_once
 from . import config as settings_module
 from . import policy, sampling, static_cache
 from .call import CURRENT, UPSTREAM, CallState, bind, model_kind, report_failure

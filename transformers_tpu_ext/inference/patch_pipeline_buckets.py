@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import backend
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "pipeline_buckets"
 TARGET = "transformers.pipelines.base"

@@ -34,7 +34,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..ladders import geometric_ladder, round_up
-from ..length_readers import ROPE_TYPES
+from ..core.length_readers import ROPE_TYPES
 from ..training.buckets import choose_length, sequence_ladder
 
 __all__ = [

@@ -29,7 +29,7 @@ import sys
 from typing import Any
 
 from .. import backend
-from ..wrapping import Wraps, fail_safe, user_error
+from ..core.wrapping import Wraps, fail_safe, user_error
 
 NAME = "hub_kernels"
 TARGET = "transformers.integrations.hub_kernels"

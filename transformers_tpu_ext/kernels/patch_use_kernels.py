@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import backend
 from . import patch_hub_kernels as hub_kernels
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "use_kernels"
 TARGET = "transformers.modeling_utils"

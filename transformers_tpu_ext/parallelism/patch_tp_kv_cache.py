@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import tp_plans
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "tp_kv_cache"
 TARGET = "transformers.generation.utils"

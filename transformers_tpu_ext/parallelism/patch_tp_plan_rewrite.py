@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import backend
 from . import tp_plans
-from ..wrapping import _MISSING, Wraps
+from ..core.wrapping import _MISSING, Wraps
 
 NAME = "tp_plan_rewrite"
 TARGET = "transformers.distributed.mixin"

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import budget as placement
-from ..wrapping import Wraps, fail_safe, warn_once
+from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_memory"
 TARGET = "accelerate.utils.modeling"

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import budget as placement
-from ..wrapping import Wraps, fail_safe, warn_once
+from ..core.wrapping import Wraps, fail_safe, warn_once
 from .patch_accelerate_memory import with_tpu
 
 NAME = "transformers_device_map"

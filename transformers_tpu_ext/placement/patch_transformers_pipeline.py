@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import backend
-from ..wrapping import Wraps, fail_safe, warn_once
+from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "transformers_pipeline"
 TARGET = "transformers.pipelines.base"

@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable
 
 from .. import backend
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "transformers_tied_weights"
 TARGET = "transformers.modeling_utils"

@@ -2,7 +2,7 @@
 
 :func:`fit` takes a :class:`ModelCounts` (plain ints, made by :func:`transformers_tpu_ext.quantization.runtime.count`
 from a config on the meta device, or by hand) and, for each chip generation and chip count that has a
-topology (:data:`transformers_tpu_ext.topology.TOPOLOGIES`), gives:
+topology (:data:`transformers_tpu_ext.core.topology.TOPOLOGIES`), gives:
 
 - the bytes of weights per chip in the chosen format (bf16, int8, fp8), counted as the quantizers leave
   them: torchao's int8 weight-only and FineGrainedFP8 convert the decoder layers' linear weights; the
@@ -34,8 +34,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..placement.budget import default_headroom
-from ..topology import TOPOLOGIES
-from . import kv_cache
+from ..core.topology import TOPOLOGIES
+from . import kv_format as kv_cache
 
 __all__ = [
     "CHIPS",

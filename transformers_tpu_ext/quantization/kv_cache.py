@@ -36,13 +36,8 @@ __all__ = [
     "quantize",
 ]
 
-#: The formats the ``kv_cache`` settings take (``None``: the model's dtype, as upstream).
-FORMATS = ("int8",)
-#: Model dtypes the int8 cache dequantizes to (a float model; never an integer or float8 one).
-FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-QMAX = 127.0
-#: Bytes of one scale (float32): a position and key-value head costs ``head_dim + SCALE_BYTES`` bytes.
-SCALE_BYTES = 4
+from .kv_format import FLOAT_DTYPES, FORMATS, QMAX, SCALE_BYTES  # the constants the decisions read
+
 _TINY = 1e-8  # the scale of an all-zero vector (its values quantize to 0 whatever it is)
 
 

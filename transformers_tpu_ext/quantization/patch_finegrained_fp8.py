@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..wrapping import Wraps
+from ..core.wrapping import Wraps
 from . import policy
 
 NAME = "finegrained_fp8"

@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from .. import backend
-from ..wrapping import Wraps, fail_safe, user_error, warn_once
+from ..core.wrapping import Wraps, fail_safe, user_error, warn_once
 from . import policy
 
 NAME = "quantizers"

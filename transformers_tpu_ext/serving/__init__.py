@@ -6,14 +6,16 @@
   a step, the step shapes a warm-up compiles), :mod:`.memory` (the paged KV cache sized from the
   chip's HBM), :mod:`.plan` (a manager's plan and step statistics), :mod:`.settings` (the
   ``TRANSFORMERS_TPU_EXT_SERVE_*`` variables, declared once, and :func:`configure`).
-- :mod:`.runtime`: the pieces a step runs with (padded step inputs, the paged attention and the
+- :mod:`.runtime`: the pieces a step runs with (the paged attention and the
   dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
-  compile settings).
+  compile settings); :mod:`.step_io`: ``TPUBatchIO``, the padded step inputs.
+- :mod:`.warm_up`: ``warmup_serve`` (``transformers_tpu_ext.warmup(model, work="serve")``), a manager warmed up.
 - :mod:`.sampling` (pure): when a manager's temperature, top-k and top-p are per-request tensors of
   the step (``per_request_path``) rather than numbers compiled into its programs.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
   and ``transformers serve --continuous-batching``; ``wrap_attention``: the model's attention while a
-  manager lives, given back on every exit path.
+  manager lives, given back on every exit path; ``patch_recompile_guard_serve``: the recompile guard
+  (``compilation``) around each step and the warm-up.
 
 See ``docs/serving.md``.
 """

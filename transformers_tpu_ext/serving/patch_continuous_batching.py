@@ -40,7 +40,8 @@ from . import policy as serving
 from . import sampling
 from . import wrap_attention as attention
 from ..backend import chip_info, is_tpu
-from ..wrapping import Wraps, warn_once
+from ..compilation import recompile_limit
+from ..core.wrapping import Wraps, warn_once
 
 NAME = "continuous_batching"
 TARGET = "transformers.generation.continuous_batching.continuous_api"
@@ -49,10 +50,6 @@ DISTRIBUTION = "transformers"
 logger = logging.getLogger("transformers_tpu_ext")
 
 _wraps = Wraps()
-_saved_recompile_limit: list[int] = []
-#: TorchDynamo's recompile limit is raised to at least this (every step shape is a recompilation of one
-#: function; past the limit TorchDynamo would silently run it eagerly), as the generation patch does.
-_RECOMPILE_LIMIT = 64
 
 
 class _Init:
@@ -100,10 +97,13 @@ def apply(module: Any) -> None:
 def revert() -> None:
     _wraps.unwrap_all()
     attention.forget()
-    if _saved_recompile_limit:
-        import torch._dynamo
+    recompile_limit.release("serve")
 
-        torch._dynamo.config.recompile_limit = _saved_recompile_limit.pop()
+
+def _step_io() -> Any:
+    from . import step_io
+
+    return step_io
 
 
 def _runtime() -> Any:
@@ -228,7 +228,8 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.use_async_batching = False
     resolved.varlen_compile_config = _runtime().tpu_compile_config(getattr(user, "varlen_compile_config", None))
     resolved.decode_compile_config = None
-    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(plan.shapes) + 8))
+    # every step shape is a recompilation of one function (past the limit TorchDynamo runs it eagerly)
+    recompile_limit.require("serve", len(plan.shapes))
     plan.kv_cache, why = serving.kv_cache_path(
         init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
     )
@@ -237,16 +238,6 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
 
     plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
     resolved.tpu_plan = plan
-
-
-def _raise_recompile_limit(limit: int) -> None:
-    import torch._dynamo
-
-    current = torch._dynamo.config.recompile_limit
-    if current < limit:
-        if not _saved_recompile_limit:
-            _saved_recompile_limit.append(current)
-        torch._dynamo.config.recompile_limit = limit
 
 
 def _processor_list(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -279,7 +270,7 @@ def _processor_list(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
 def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """The batch processor's ``ContinuousBatchingIOs(**kwargs)``: ``TPUBatchIO`` for a planned manager."""
     if _plan_of(kwargs.get("continuous_batching_config")) is not None:
-        return _runtime().io_class()(*args, **kwargs)
+        return _step_io().io_class()(*args, **kwargs)
     return wrapped(*args, **kwargs)
 
 
@@ -370,7 +361,7 @@ def _resident_bytes(model: Any) -> int:
 
 
 def _runner_warmup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if not isinstance(instance.inputs_and_outputs, _runtime().io_class()):
+    if not isinstance(instance.inputs_and_outputs, _step_io().io_class()):
         return wrapped(*args, **kwargs)
-    _raise_recompile_limit(max(_RECOMPILE_LIMIT, 2 * len(instance.inputs_and_outputs.plan.shapes) + 8))
+    recompile_limit.require("serve", len(instance.inputs_and_outputs.plan.shapes))
     return _runtime().warmup(instance, args[0] if args else kwargs["model"])

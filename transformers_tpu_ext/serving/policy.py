@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..ladders import round_up  # noqa: F401 - re-exported (tests pad with it)
-from ..quantization import kv_cache as kv_format
+from ..quantization import kv_format
 from .memory import CachePlan, blocks_per_request, cache_plan, fit_request, kv_budget, page_size_for, step_bytes
 from .plan import ServingPlan, StepStats, plan_for
 from .settings import (

@@ -203,7 +203,7 @@ def choose(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool
 
 def describe(path: str, why: str) -> None:
     """Say once which attention the serving steps run, and why."""
-    from ..wrapping import warn_once
+    from ..core.wrapping import warn_once
 
     if path == "ragged" or why.startswith("JAX is not installed"):  # no JAX: the default, not a problem
         message = f"transformers-tpu-ext: TPU serving attention: {path}: {why}"

@@ -1,7 +1,7 @@
 """The pieces continuous batching runs with on TPU (used by ``patch_continuous_batching``).
 
-- :func:`io_class` -> ``TPUBatchIO``: builds each step's inputs padded to a ``(Q, S)`` bucket
-  (:func:`transformers_tpu_ext.serving.policy.step_shape`), in one host-to-device copy, with no stream.
+- :func:`.step_io.io_class` -> ``TPUBatchIO`` (in :mod:`.step_io`): builds each step's inputs padded to a
+  ``(Q, S)`` bucket (:func:`transformers_tpu_ext.serving.policy.step_shape`), in one host-to-device copy, with no stream.
 - :func:`paged_cache_class` -> ``TPUPagedCache``: what the model sees as its cache during a step.
   ``update`` writes the new keys/values at their slots and returns, for every scheduled token, the
   pages of its request read through a fixed-width block table: ``[Q, max_len, kv_heads, head_dim]``.
@@ -22,7 +22,6 @@ import logging
 import time
 from typing import Any
 
-from . import policy as serving
 from . import ragged
 
 logger = logging.getLogger("transformers_tpu_ext")
@@ -174,188 +173,11 @@ def copy_int8_scales(allocator: Any, source_block_ids: list[int], dest_block_ids
         kv_cache.copy_scale_blocks(allocator, scales, source_block_ids, dest_block_ids)
 
 
-@functools.cache
-def io_class() -> type:
-    import torch
-    from transformers.generation.continuous_batching.input_outputs import ContinuousBatchingIOs
-    from transformers.generation.continuous_batching.requests import TMP_TOKEN_ID
-
-    class TPUBatchIO(ContinuousBatchingIOs):
-        """Inputs and outputs of a continuous-batching step on TPU, synchronous (no stream).
-
-        Replaces ``ContinuousBatchingIOs`` when the manager runs on a TPU; it allocates no
-        ``[max_batch_tokens, cache]`` attention mask (the mask is computed from positions in the step).
-        """
-
-        def __init__(
-            self,
-            cache: Any,
-            config: Any,
-            continuous_batching_config: Any,
-            device: Any,
-            model_dtype: Any,
-            logit_processor: Any,
-        ) -> None:  # noqa: D107 - no super().__init__: nothing of upstream's static storage is needed
-            self.plan: serving.ServingPlan = continuous_batching_config.tpu_plan
-            self.cache, self.config, self.device, self.model_dtype = cache, config, device, model_dtype
-            self.max_requests_per_batch = continuous_batching_config.max_requests_per_batch
-            self.return_logprobs = continuous_batching_config.return_logprobs
-            self.use_cuda_graph_varlen = False
-            self.use_block_table = False
-            self.compute_stream = None  # torch_tpu 0.2.0's stream context manager is non-functional
-            if len(cache.cache_allocators) != 1:
-                raise RuntimeError("TPU continuous batching expects one (full-attention) cache group")
-            (self.allocator,) = cache.cache_allocators.values()
-            self.view = paged_cache_class()(cache, self.plan.attention)
-            self.logit_processor = logit_processor
-            self.arg_defaults = torch.empty((logit_processor.tensors_required, 1), dtype=torch.int32)
-            logit_processor.fill_defaults(self.arg_defaults)
-            rows = 2 if self.return_logprobs else 1
-            self.output_ids = torch.zeros((rows, self.plan.request_buckets[-1] + 1), dtype=torch.int32, device=device)
-            self.carry_over_ids = torch.zeros((1,), dtype=torch.int32, device=device)  # unused: synchronous
-            self._kwargs: dict | None = None
-            self.reset()
-
-        def reset(self) -> None:
-            self.requests_in_batch = []
-            self.req_id_to_new_token_position = {}
-            self.num_request_in_batch = 0
-            self.num_q_tokens = 0
-            self.max_kv_read = 0
-
-        def retrieve_device_outputs(self) -> None:
-            return None  # synchronous: prepare_batch_update copies the new tokens back
-
-        def prepare_batch_tensors(
-            self,
-            requests_in_batch: list,
-            logits_processors: Any,
-            use_decode_fast_path: bool,
-            num_q_tokens: int,
-            max_kv_read: int,
-            use_padding: bool,
-        ) -> None:
-            if not requests_in_batch:
-                raise ValueError("No requests in batch")
-            allocator, width = self.allocator, self.plan.blocks_per_request
-            stride = allocator.block_physical_stride
-            ids: list[int] = []
-            positions: list[int] = []
-            token_seq: list[int] = []
-            write: list[int] = []
-            logits: list[int] = []
-            bases: list[int] = []
-            kv_lens, tables = [], []  # each request's tokens and block-table row (kernel path, byte counts)
-            self.reset()
-            for i, future in enumerate(requests_in_batch):
-                state = future.state
-                past, length = state.position_offset, future.query_length
-                state.position_offset += length
-                ids.extend(state.tokens_to_process)
-                positions.extend(range(past, past + length))
-                token_seq.extend([i] * length)
-                write.extend(allocator.get_write_indices(state.request_id, past, length))
-                blocks = allocator.block_table[state.request_id]
-                if len(blocks) > width:
-                    raise RuntimeError(
-                        f"request {state.request_id} reached {past + length} tokens, past the TPU serving max length "
-                        f"({self.plan.max_len})"
-                    )
-                bases.extend(block * stride for block in blocks)
-                bases.extend([0] * (width - len(blocks)))  # the read-trash block
-                kv_lens.append(past + length)
-                tables.append(list(blocks) + [0] * (width - len(blocks)))
-                if future.has_new_token:
-                    logits.append(len(ids) - 1)
-                    state.tokens_to_process = [TMP_TOKEN_ID]
-                    self.req_id_to_new_token_position[state.request_id] = logits[-1]
-                self.requests_in_batch.append(future)
-            real_tokens, real_requests = len(ids), len(requests_in_batch)
-            q, s = serving.step_shape(real_tokens, real_requests, self.plan.token_buckets, self.plan.request_buckets)
-            args = self.arg_defaults.expand(-1, s).clone()
-            logits_processors.prepare_tensor_args(requests_in_batch=requests_in_batch, arg_storage=args)
-            kernel = None
-            if self.plan.attention == "ragged":  # the kernel's write rows and page tables (serving.ragged)
-                write, bases = ragged.step_inputs(self.allocator, write, tables)
-                kernel = (kv_lens, real_requests)
-            self._fill(
-                q,
-                s,
-                ids=ids,
-                positions=positions,
-                token_seq=token_seq,
-                write=write,
-                logits=logits,
-                bases=bases,
-                args=args,
-                kernel=kernel,
-            )
-            self.num_request_in_batch, self.num_q_tokens = real_requests, q
-            self.plan.stats.record(real_tokens, real_requests, (q, s))
-            self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens * (real_tokens == real_requests))
-
-        def prepare_warmup_batch(self, q: int, s: int) -> None:
-            """A step of shape ``(q, s)`` that reads and writes only the trash sectors."""
-            self.reset()
-            kernel = ([], 0) if self.plan.attention == "ragged" else None
-            self._fill(q, s, ids=[], positions=[], token_seq=[], write=[], logits=[], bases=[],
-                       args=self.arg_defaults.expand(-1, s).clone(), kernel=kernel)
-
-        def _fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, bases, args, kernel=None) -> None:
-            # Padding tokens: token 0 at position 0 of request 0, written to the write-trash sector,
-            # reading the first key of request 0 (masked to itself): finite, and never read back.
-            # The kernel path: padding sequences hold nothing (kv_len 0, no query token, past num_seqs).
-            width = self.plan.blocks_per_request
-            pad = q - len(ids)
-            extra, write_trash = [], self.allocator.write_trash_index
-            if kernel is not None:
-                extra, write_trash = ragged.padded_arrays(self.allocator, kernel, token_seq, s)
-            host = torch.cat(
-                [
-                    torch.tensor(ids + [0] * pad, dtype=torch.int32),
-                    torch.tensor(positions + [0] * pad, dtype=torch.int32),
-                    torch.tensor(token_seq + [0] * pad, dtype=torch.int32),
-                    torch.tensor(write + [write_trash] * pad, dtype=torch.int32),
-                    torch.tensor(logits + [0] * (s - len(logits)), dtype=torch.int32),
-                    torch.tensor(bases + [0] * (s * width - len(bases)), dtype=torch.int32),
-                    args.reshape(-1),
-                    *(torch.tensor(values, dtype=torch.int32) for values in extra),
-                ]
-            )
-            packed = host.to(self.device)  # the step's only host-to-device copy
-            cut = [q, q, q, q, s, s * width, args.numel(), *(len(values) for values in extra)]
-            parts, start = [], 0
-            for size in cut:
-                parts.append(packed[start : start + size])
-                start += size
-            ids_d, positions_d, seq_d, write_d, logits_d, bases_d, args_d = parts[:7]
-            self._kwargs = {
-                "input_ids": ids_d.view(1, q),
-                "position_ids": positions_d.view(1, q),
-                "attention_mask": None,
-                "logits_indices": logits_d,
-                "logits_processor_args": args_d.view(args.shape[0], s),
-                "cache": self.view,
-                "use_cache": False,
-                "tpu_positions": positions_d,
-                "tpu_token_seq": seq_d,
-                "tpu_write_slots": write_d,
-                "tpu_block_base": bases_d.view(s, width),
-            }
-            if kernel is not None:  # serving.ragged: the kernel's page table and ragged lengths
-                self._kwargs.update(ragged.step_kwargs(self._kwargs.pop("tpu_block_base"), *parts[7:]))
-
-        def get_model_kwargs(self, use_padding: bool = False) -> dict:
-            return dict(self._kwargs) if self._kwargs is not None else {}
-
-    return TPUBatchIO
-
-
 def warmup(runner: Any, model: Any) -> None:
     """Run one step of every ``(Q, S)`` shape of the runner's plan (each compiles its graph), with a progress bar."""
     import torch
 
-    from ..progress import Progress
+    from ..core.progress import Progress
 
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Overrides, check_variables
-from ..quantization import kv_cache as kv_format
+from ..quantization import kv_format
 from ..settings.parser import Setting, parse
 from .kernel_path import ATTENTION_SETTINGS
 from .shapes import _capped, _positive, request_ladder, token_ladder

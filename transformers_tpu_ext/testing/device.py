@@ -11,138 +11,27 @@ The dispatcher also keeps the counters: distinct eager ``(op, shapes, dtypes)`` 
 (torch_tpu compiles each eager operation once per input shape) and host↔device bytes. Nothing is
 counted while a graph compiled by the ``"tpu"`` backend runs, nor while TorchDynamo traces.
 
-Importing this module imports torch; it registers nothing until :func:`register` is called.
+Importing this module imports torch; it registers nothing until :func:`transformers_tpu_ext.testing.factories.register`
+is called. Its pieces: :mod:`.device_state` (the dispatcher's process-wide state), :mod:`.op_facts` (per-operator
+facts), :mod:`.device_storage` (device memory as torch_tpu shows it), :mod:`.factories` (the PrivateUse1 fallback).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import sys
-import weakref
 from typing import Any
 
 import torch
 
 from . import generators as _generators
 from .compile_cache import CACHE as _COMPILE_CACHE
-from .mixing import host_rule
+from .device_state import _CPU, DEVICE_MISMATCH, STATE, _fake_mode_active  # noqa: F401 - device.STATE, device._fake_mode_active
+from .device_storage import _device_storage, _host_storage, _written  # noqa: F401 - device._device_storage
+from .op_facts import _INFO, _SPECIAL, _info, _OpInfo  # noqa: F401 - device._SPECIAL, device._INFO
 
-__all__ = ["TpuTensor", "register", "STATE"]
-
-_CPU = torch.device("cpu")
 _aten = torch.ops.aten
 
-DEVICE_MISMATCH = "tensor is expected to be on tpu, got cpu"
-
-
-class _State:
-    """Mutable process-wide state of the dispatcher (plain attributes: read on every op)."""
-
-    def __init__(self) -> None:
-        self.device: torch.device | None = None  # torch.device("tpu", 0) once registered
-        self.in_graph = 0  # >0 while a graph compiled by the "tpu" backend runs
-        self.seen: set[Any] = set()
-        self.eager_programs = 0
-        self.h2d_bytes = 0
-        self.d2h_bytes = 0
-        self.generator = _generators.make_default()  # torch.tpu.default_generators[0]
-        self.handles_issued = False  # a device storage was handed out (writes must renew handles)
-
-    def reset(self) -> None:
-        self.seen = set()
-        self.eager_programs = 0
-        self.h2d_bytes = 0
-        self.d2h_bytes = 0
-
-
-STATE = _State()
-
-
-def _fake_mode_active() -> bool:
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-operator facts, computed once per OpOverload.
-
-
-class _OpInfo:
-    __slots__ = ("counted", "mutable", "generator", "mixed_ok", "host", "special", "written", "refused")
-
-    def __init__(self, func: Any) -> None:
-        schema = func._schema
-        name = schema.name
-        self.mutable = bool(schema.is_mutable)
-        # Arguments the operator writes in place: their device memory gets a new handle (see
-        # ``_device_storage``). c10d's collectives write their tensors in place without saying so.
-        collective = name.startswith("c10d::")
-        self.written = tuple(
-            (i, a.name)
-            for i, a in enumerate(schema.arguments)
-            if (a.alias_info is not None and a.alias_info.is_write) or (collective and "Tensor" in str(a.type))
-        )
-        # What torch_tpu's ProcessGroupTpu does not implement (internals Q7).
-        self.refused = _REFUSED_COLLECTIVES.get(name)
-        self.generator = any(a.name == "generator" for a in schema.arguments)
-        # Views, aliases and transfers compile no program on the device.
-        self.counted = not (
-            getattr(func, "is_view", False)
-            or func in _UNCOUNTED
-            or name.startswith("aten::_foreach")  # counted per tensor below, not as a fused op
-        )
-        # Transfers take host tensors; other ops only CPU scalars and indices where PyTorch allows them (``mixing``).
-        self.mixed_ok = func in _MIXED_OK
-        self.host = host_rule(name.partition("::")[2], schema.overload_name, torch.Tag.pointwise in func.tags)
-        # Transfers and scalar reads have their own handlers (they count host<->device bytes).
-        self.special = _SPECIAL.get(func)
-
-
-_UNCOUNTED = {
-    _aten._to_copy.default,
-    _aten.copy_.default,
-    _aten.detach.default,
-    _aten.alias.default,
-    _aten.lift_fresh.default,
-    _aten._local_scalar_dense.default,
-    _aten.empty.memory_format,
-    _aten.empty_strided.default,
-    _aten.empty_like.default,
-    _aten.new_empty.default,
-    _aten.new_empty_strided.default,
-    _aten.set_.source_Tensor,
-    _aten.is_pinned.default,
-    _aten.is_same_size.default,
-}
-_MIXED_OK = {
-    _aten._to_copy.default,
-    _aten.copy_.default,
-    _aten.set_.source_Tensor,
-    _aten.is_same_size.default,
-    _aten.lift_fresh.default,
-}
-
-#: c10d operators ProcessGroupTpu lacks, with the error c10d's ``Backend`` base class raises for them.
-_REFUSED_COLLECTIVES = {
-    f"c10d::{op}": f"Backend tpu_dist does not support {what}"
-    for op, what in (
-        ("reduce_", "reduce"),
-        ("allreduce_coalesced_", "allreduce_coalesced"),
-        ("allgather_coalesced_", "allgather_coalesced"),
-        ("recv_any_source_", "recvAnysource"),
-    )
-}
-
-_INFO: dict[Any, _OpInfo] = {}
-_SPECIAL: dict[Any, Any] = {}  # filled below, once the handlers are defined
-
-
-def _info(func: Any) -> _OpInfo:
-    info = _INFO.get(func)
-    if info is None:
-        info = _INFO[func] = _OpInfo(func)
-    return info
-
+__all__ = ["TpuTensor", "STATE"]
 
 # ---------------------------------------------------------------------------------------------
 # The wrapper tensor.
@@ -274,49 +163,6 @@ def _fsdp_caller(t: TpuTensor) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Device memory as torch_tpu shows it: storages whose data pointer is an opaque handle.
-
-#: Handles are non-canonical addresses (reading through one faults instead of finding host data),
-#: 4 GiB apart so that ``handle + offset`` of one storage never reaches the next; all below 2**63.
-_HANDLE_BASE = 0x5450_0000_0000_0000
-_HANDLE_STRIDE = 1 << 32
-_HANDLE_SLOTS = 1 << 28
-_handles = itertools.count(1)
-_HANDLE = "_tpu_handle"  # on a host storage: the handle of its memory until the next write
-_DEVICE_STORAGE = "_tpu_device_storage"  # on a host storage: weakref to the device storage showing it
-_HOST = "_tpu_host"  # on a device storage: the host storage that holds its data
-
-
-def _device_storage(host: Any) -> Any:
-    """The ``tpu`` storage user code sees for the host storage ``host``: its data pointer is a handle
-    that stays the same until the next in-place write to that memory, then is a new one. (Attributes
-    live on the storages' Python objects, which PyTorch keeps as long as the storage lives.)"""
-    handle = getattr(host, _HANDLE, None)
-    ref = getattr(host, _DEVICE_STORAGE, None)
-    storage = ref() if ref is not None and handle is not None else None
-    if storage is None:
-        if handle is None:
-            STATE.handles_issued = True
-            handle = _HANDLE_BASE + (next(_handles) % _HANDLE_SLOTS) * _HANDLE_STRIDE
-            setattr(host, _HANDLE, handle)
-        storage = torch._C._construct_storage_from_data_pointer(handle, STATE.device, host.nbytes())
-        setattr(storage, _HOST, host)
-        setattr(host, _DEVICE_STORAGE, weakref.ref(storage))
-    return storage
-
-
-def _host_storage(storage: Any) -> Any:
-    """The host storage behind a device storage from :func:`_device_storage`, or ``None``."""
-    return getattr(storage, _HOST, None)
-
-
-def _written(tensor: Any) -> None:
-    """``tensor`` (a TpuTensor) was written in place: its memory gets a new handle."""
-    inner = tensor._cpu
-    if type(inner) is torch.Tensor:
-        host = inner.untyped_storage()
-        if getattr(host, _HANDLE, None) is not None:
-            setattr(host, _HANDLE, None)
-
 
 def _mark_written(info: _OpInfo, args: tuple, kwargs: dict) -> None:
     for index, name in info.written:
@@ -588,46 +434,6 @@ def _set_storage(func: Any) -> Any:
 _META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
 
-# ---------------------------------------------------------------------------------------------
-# Factories: the PrivateUse1 fallback.
-
-
-def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
-    if "device" in kwargs:
-        kwargs["device"] = _CPU
-    new_args = []
-    for a in args:
-        if isinstance(a, torch.Tensor) and _is_tpu_wrapper(a):
-            a = a._cpu
-        elif isinstance(a, torch.device) and a.type == "tpu":
-            a = _CPU
-        new_args.append(a)
-    info = _info(op)
-    if info.generator:
-        kwargs = _generators.resolve(kwargs, STATE.generator, False)
-    out = op(*new_args, **kwargs)
-    if info.counted and not STATE.in_graph:
-        key = (op, tuple(_hashable(a) for a in args))
-        try:
-            if key not in STATE.seen:
-                if _COMPILE_CACHE.miss("eager", key):
-                    STATE.eager_programs += 1
-                STATE.seen.add(key)
-            else:
-                _COMPILE_CACHE.hits += 1
-        except TypeError:
-            pass
-    return _wrap(out)
-
-
-def _hashable(a: Any) -> Any:
-    if isinstance(a, (int, float, bool)):
-        return a
-    if isinstance(a, (list, tuple)):
-        return tuple(a)
-    return None
-
-
 _SPECIAL.update(
     {
         _aten.copy_.default: _copy_,
@@ -637,44 +443,3 @@ _SPECIAL.update(
         _aten.set_.source_Storage_storage_offset: _set_storage(_aten.set_.source_Storage_storage_offset),
     }
 )
-
-
-def _to_copy_kernel(*args: Any, **kwargs: Any) -> Any:
-    # ``torch.tensor(data, device="tpu")`` dispatches ``_to_copy`` of a CPU tensor to the
-    # PrivateUse1 key; through the generic fallback PyTorch hits an internal assert, so the
-    # operator gets its own kernel.
-    return _to_copy(args, kwargs)
-
-
-_RESIZING_FACTORIES = (
-    "arange", "arange.start", "arange.start_step", "range", "range.step", "eye", "eye.m",
-    "hann_window", "hann_window.periodic", "hamming_window", "hamming_window.periodic",
-    "hamming_window.periodic_alpha", "hamming_window.periodic_alpha_beta", "bartlett_window",
-    "bartlett_window.periodic", "blackman_window", "blackman_window.periodic", "kaiser_window",
-    "kaiser_window.periodic", "kaiser_window.beta",
-)
-
-
-def _overload(name: str) -> Any:
-    base, _, overload = name.partition(".")
-    return getattr(getattr(_aten, base), overload or "default")
-
-
-_LIBRARY: Any = None
-_ATEN_LIBRARY: Any = None
-
-
-def register(device: torch.device) -> None:
-    """Route PrivateUse1 factories through :func:`_fallback`; wrappers are made on ``device``."""
-    global _LIBRARY, _ATEN_LIBRARY
-    STATE.device = device
-    if _LIBRARY is None:
-        lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a process-wide fallback is the point
-        lib.fallback(_fallback, "PrivateUse1")
-        aten = torch.library.Library("aten", "IMPL")  # noqa: TOR901
-        aten.impl("_to_copy", _to_copy_kernel, "PrivateUse1")
-        # Factories PyTorch builds as ``empty(0)`` + an ``out=`` kernel that resizes it: a
-        # wrapper cannot be resized, so they get kernels that build the CPU tensor directly.
-        for name in _RESIZING_FACTORIES:
-            aten.impl(name, functools.partial(_fallback, _overload(name)), "PrivateUse1")
-        _LIBRARY, _ATEN_LIBRARY = lib, aten

@@ -16,7 +16,7 @@ import torch
 from . import (
     autocast,
     compile_backend,
-    device,
+    factories,
     foreach,
     generators,
     pinned,
@@ -120,7 +120,7 @@ def _register_torch() -> None:
         rename="tpu", backend_module=tpu_module, hook=_Hooks(), device_guard=_DeviceGuard()
     )
     sys.modules["torch.tpu.distributed"] = tpu_module.distributed
-    device.register(torch.device("tpu", 0))
+    factories.register(torch.device("tpu", 0))
     generators.register(torch.device("tpu", 0))
     process_group.register()
     compile_backend.register()

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ladders import geometric_ladder, round_up
-from ..length_readers import ModelLengths, padding_limit
+from ..core.length_readers import padding_limit
 from ..settings.parser import OFF_WORDS, ON_WORDS, near_word
+from .batch_facts import BatchPlan, ModelFacts, SourceFacts  # the plan's facts, re-exported here
 from .settings import SETTINGS as _SETTINGS
 
 __all__ = [
@@ -115,98 +116,6 @@ DECODER_KEYS: tuple[str, ...] = ("decoder_input_ids", "decoder_attention_mask")
 PACKED_KEYS: tuple[str, ...] = ("input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the padding of a batch must know about the model it feeds (plain data, read off the model
-    by the glue: :func:`transformers_tpu_ext.training.facts.model_facts`).
-
-    - ``known``: a Transformers model of a task whose inputs and labels have known semantics (causal
-      LM, masked LM, sequence-to-sequence LM, token or sequence classification);
-    - ``causal``: every attention layer is causal (a decoder-only model): a position never sees a
-      later one, so padding on the right is invisible to the real tokens without a mask;
-    - ``encoder_decoder``: two sides (``input_ids`` / ``labels`` and ``decoder_*``), each with its length;
-    - ``per_token_labels``: its loss takes one label per position (LM, MLM, token classification,
-      seq2seq) and ignores -100;
-    - ``pools_last_token``: a sequence classifier that pools the last token that is not ``pad_token_id``;
-    - ``pad_token_id``: the config's; ``max_positions`` / ``max_decoder_positions``: the size of a
-      position table no padding may exceed (``None``: no limit known);
-    - ``accepts_attention_mask``: its forward takes ``attention_mask``;
-    - ``extra_outputs``: it returns more than logits per position (hidden states, attentions,
-      router logits), whose axes evaluation could not cut back;
-    - ``aux_loss``: a loss term over every token the mask lets through (MoE load balancing): no rows added.
-
-    The defaults describe a decoder-only language model (what :class:`BucketCollator` assumes
-    without a model).
-    """
-
-    known: bool = True
-    causal: bool = True
-    encoder_decoder: bool = False
-    per_token_labels: bool = True
-    pools_last_token: bool = False
-    pad_token_id: int | None = None
-    max_positions: int | None = None
-    max_decoder_positions: int | None = None
-    accepts_attention_mask: bool = True
-    extra_outputs: bool = False
-    aux_loss: bool = False
-    #: What in it reads the length of the forward pass (rotary types whose frequencies depend on it).
-    lengths: ModelLengths = ModelLengths()
-
-
-@dataclass(frozen=True)
-class SourceFacts:
-    """What the padding of a batch must know about where it comes from and where it goes.
-
-    - ``training``: a training batch (rows may be added); otherwise evaluation or prediction;
-    - ``packed``: the collator packs sequences into one row told apart by ``position_ids``
-      (``DataCollatorWithFlattening``);
-    - ``generates``: the batch holds prompts for ``generate()`` (``predict_with_generate``);
-    - ``custom_loss``: a loss of the user's (a ``compute_loss`` override, ``compute_loss_func``):
-      whether it ignores padding is unknown;
-    - ``cuts_outputs``: evaluation outputs are cut back to the collator's lengths (the Trainer's own
-      ``prediction_step``);
-    - ``returns_inputs``: the inputs themselves go to the metrics (``include_for_metrics=["inputs"]``);
-    - ``keeps_rows``: the loss or its logged metrics read every row of the batch (TRL's trainers: DPO
-      pairs the first and second halves of the rows, SFT counts the attention mask's tokens): no rows added.
-
-    The defaults describe a user's own training loop.
-    """
-
-    training: bool = True
-    packed: bool = False
-    generates: bool = False
-    custom_loss: bool = False
-    cuts_outputs: bool = False
-    returns_inputs: bool = False
-    keeps_rows: bool = False
-    neftune: bool = False  # NEFTune noise on the input embeddings (neftune_noise_alpha)
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How to pad one batch: rows to ``rows``, and each key in ``lengths`` (on the right) to its length.
-
-    ``add_mask``: add an ``attention_mask`` to the plan (ones on the real tokens, zeros on the
-    padding). ``pad_token_id``: the id ``input_ids`` are padded with when it must be the model's
-    (``None``: the collator's). ``sides``: ``(padded, original)`` length of each side that is padded
-    (the encoder or only side first), what evaluation outputs are cut back with. ``sequence`` is the
-    longest padded length (the buckets used are the first items of ``sides``).
-    """
-
-    rows: int
-    lengths: Mapping[str, int]
-    sequence: int
-    add_mask: bool = False
-    pad_token_id: int | None = None
-    sides: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        """The padded length of each side (what :func:`choose_length` reuses)."""
-        return tuple(padded for padded, _ in self.sides) or (self.sequence,)
-
-
 def _integer(dtype: str | None) -> bool:
     return dtype in (None, "int", "bool")
 
@@ -240,6 +149,40 @@ def plan_batch(
     source = source or SourceFacts(training=pad_rows, cuts_outputs=True)
     dtypes = dtypes or {}
     present = {k for k, shape in shapes.items() if shape is not None}
+    why = _refused_source(model, source, present, dtypes) or _refused_labels(shapes, model, dtypes, integer_labels)
+    if why:
+        return why
+    found = _sequence_keys(shapes, present, model)
+    if isinstance(found, str):
+        return found
+    keys, decoder, rows = found
+    found = _packing(present, keys, model, source)
+    if isinstance(found, str):
+        return found
+    packed, add_mask = found
+    found = _padded_lengths(shapes, present, keys, decoder, rows, model, source, ladder, used, reuse, length)
+    if isinstance(found, str):
+        return found
+    lengths, padded_sides = found
+    if add_mask:
+        lengths["attention_mask"] = lengths["input_ids"]
+    padded_rows = _padded_rows(shapes, rows, model, source, packed, pad_rows, batch_size, dtypes, integer_labels)
+    return BatchPlan(
+        rows=padded_rows,
+        lengths=lengths,
+        sequence=max(padded for padded, _ in padded_sides),
+        add_mask=add_mask,
+        pad_token_id=model.pad_token_id if model.pools_last_token else None,
+        sides=tuple(padded_sides),
+    )
+
+
+
+# The steps of :func:`plan_batch`, in its order; each returns why the batch is left alone (a str) or its part of the plan.
+
+
+def _refused_source(model: ModelFacts, source: SourceFacts, present: set[str], dtypes: Mapping[str, str]) -> str | None:
+    """Why a batch from this model and source is never padded (or ``None``)."""
     if source.custom_loss:
         return "a loss of your own (compute_loss or compute_loss_func): whether it ignores padding is unknown"
     if not model.known:
@@ -255,7 +198,11 @@ def plan_batch(
             return "evaluation with include_for_metrics=['inputs']: the metrics read the inputs themselves"
         if model.extra_outputs:
             return "evaluation of a model returning hidden states, attentions or router logits"
+    return None
 
+
+def _refused_labels(shapes: Mapping[str, Sequence[int] | None], model: ModelFacts, dtypes: Mapping[str, str], integer_labels: bool) -> str | None:
+    """Why the batch's labels keep it unpadded (or ``None``)."""
     labels = shapes.get("labels")
     label_int = _integer(dtypes.get("labels")) and integer_labels
     per_token = labels is not None and len(labels) >= 2 and model.per_token_labels
@@ -263,7 +210,13 @@ def plan_batch(
         return "labels with a second axis that are not integer per-token labels"
     if labels is not None and model.per_token_labels and not per_token:
         return "per-example labels on a model whose loss is per token"
+    return None
 
+
+def _sequence_keys(shapes: Mapping[str, Sequence[int] | None], present: set[str], model: ModelFacts) -> tuple[list[str], set[str], int] | str:
+    """The per-token keys that are padded, the decoder's keys, and the batch's rows."""
+    labels = shapes.get("labels")
+    per_token = labels is not None and len(labels) >= 2 and model.per_token_labels
     decoder = set(DECODER_KEYS) | ({"labels"} if model.encoder_decoder else set())
     if not model.encoder_decoder and present & set(DECODER_KEYS):
         return "decoder_* tensors for a model that is not an encoder-decoder"
@@ -277,7 +230,11 @@ def plan_batch(
         return "per-token tensors with different numbers of rows"
     if model.pools_last_token and model.pad_token_id is None:
         return "a sequence classifier without a pad token pools the last position: set model.config.pad_token_id"
+    return keys, decoder, rows
 
+
+def _packing(present: set[str], keys: list[str], model: ModelFacts, source: SourceFacts) -> tuple[bool, bool] | str:
+    """Whether the batch holds packed sequences, and whether an attention mask is added."""
     packed = source.packed or ("position_ids" in present and "attention_mask" not in present)
     if packed:
         if not model.causal:
@@ -290,7 +247,23 @@ def plan_batch(
         if not model.accepts_attention_mask:
             return "a model that is not causal and takes no attention_mask would see the padding"
         add_mask = True
+    return packed, add_mask
 
+
+def _padded_lengths(
+    shapes: Mapping[str, Sequence[int] | None],
+    present: set[str],
+    keys: list[str],
+    decoder: set[str],
+    rows: int,
+    model: ModelFacts,
+    source: SourceFacts,
+    ladder: Sequence[int],
+    used: Collection[int],
+    reuse: float,
+    length: int | None,
+) -> tuple[dict[str, int], list[tuple[int, int]]] | str:
+    """The length each padded key gets, side by side (encoder or only side, then decoder)."""
     sides = [[k for k in keys if k not in decoder], [k for k in keys if k in decoder]]
     caps = (model.max_positions, model.max_decoder_positions if model.encoder_decoder else None)
     lengths: dict[str, int] = {}
@@ -320,13 +293,28 @@ def plan_batch(
             target = min(target, limit)
         lengths.update({k: target for k in side})
         padded_sides.append((target, longest))
-    if add_mask:
-        lengths["attention_mask"] = lengths["input_ids"]
     if not source.training and len(padded_sides) == 2:
         (encoder, encoder_len), (decoder_pad, decoder_len) = padded_sides
         if encoder == decoder_pad and encoder_len != decoder_len:
             return "evaluation: encoder and decoder padded to one length, their outputs could not be told apart"
+    return lengths, padded_sides
 
+
+def _padded_rows(
+    shapes: Mapping[str, Sequence[int] | None],
+    rows: int,
+    model: ModelFacts,
+    source: SourceFacts,
+    packed: bool,
+    pad_rows: bool,
+    batch_size: int | None,
+    dtypes: Mapping[str, str],
+    integer_labels: bool,
+) -> int:
+    """The rows of the padded batch: ``rows``, or ``batch_size`` in training when every added row's labels can be ignored."""
+    labels = shapes.get("labels")
+    label_int = _integer(dtypes.get("labels")) and integer_labels
+    per_token = labels is not None and len(labels) >= 2 and model.per_token_labels
     padded_rows = rows
     ignorable = per_token or (labels is not None and len(labels) == 1 and label_int)
     can_pad_rows = (
@@ -342,14 +330,7 @@ def plan_batch(
     )
     if can_pad_rows:
         padded_rows = round_up(rows, [batch_size])
-    return BatchPlan(
-        rows=padded_rows,
-        lengths=lengths,
-        sequence=max(padded for padded, _ in padded_sides),
-        add_mask=add_mask,
-        pad_token_id=model.pad_token_id if model.pools_last_token else None,
-        sides=tuple(padded_sides),
-    )
+    return padded_rows
 
 
 def cut_length(shape: Sequence[int], sides: Sequence[tuple[int, int]]) -> int | None:

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..length_readers import model_lengths
+from ..core.length_readers import model_lengths
 from . import buckets as batch_buckets
 
 __all__ = ["POOLS_FIRST_TOKEN", "model_facts", "packs", "source_facts", "unwrap"]
@@ -186,7 +186,7 @@ def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.So
     library = None if upstream else known_loss(trainer)
     known = library is not None and not isinstance(library, str)
     if isinstance(library, str) and _defined_by(trainer, "compute_loss") in _known_trainers():
-        from ..wrapping import warn_once
+        from ..core.wrapping import warn_once
 
         warn_once(f"batches left as the collator made them: {library}")
     return batch_buckets.SourceFacts(

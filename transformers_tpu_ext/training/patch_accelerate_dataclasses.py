@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "accelerate_dataclasses"
 TARGET = "accelerate.utils.dataclasses"

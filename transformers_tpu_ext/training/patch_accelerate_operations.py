@@ -22,7 +22,7 @@ import sys
 from typing import Any, Callable
 
 from . import multiprocess
-from ..wrapping import Wraps, warn_once
+from ..core.wrapping import Wraps, warn_once
 
 NAME = "accelerate_operations"
 TARGET = "accelerate.utils.operations"

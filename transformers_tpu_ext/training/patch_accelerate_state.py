@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
-from ..wrapping import Wraps, fail_safe, warn_once
+from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_state"
 TARGET = "accelerate.state"

@@ -18,7 +18,7 @@ import weakref
 from typing import Any, Callable
 
 from .. import backend
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "torch_ddp"
 TARGET = "torch.nn.parallel.distributed"

@@ -25,7 +25,7 @@ from typing import Any
 
 from . import multiprocess
 from . import patch_torch_ddp
-from ..wrapping import warn_once
+from ..core.wrapping import warn_once
 
 NAME = "torch_optimizer"
 TARGET = "torch.optim.optimizer"

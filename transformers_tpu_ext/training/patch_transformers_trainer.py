@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import buckets as batch_buckets
-from ..wrapping import Wraps, fail_safe, warn_once
+from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "transformers_trainer"
 TARGET = "transformers.trainer"

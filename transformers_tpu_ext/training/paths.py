@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from . import buckets as batch_buckets
 from . import policy as training_policy
-from ..length_readers import ModelLengths, Rotary
+from ..core.length_readers import ModelLengths, Rotary
 from .buckets import ModelFacts, SourceFacts
 
 __all__ = ["BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]

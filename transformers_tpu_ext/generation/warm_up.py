@@ -1,4 +1,5 @@
-"""``warmup(model, ...)`` (exported as ``transformers_tpu_ext.warmup``): precompile the buckets a service uses.
+"""Generation's warm-up: precompile the buckets a service uses (``transformers_tpu_ext.warmup(model, ...)``,
+also ``transformers_tpu_ext.generation.warmup``: :func:`warmup_generate`).
 
 Each (batch bucket, prompt bucket) pair gets one short ``generate()`` (per real batch size when
 sampling: ``buckets.warmup_rows``) with the largest static-cache length the service needs, so its
@@ -12,12 +13,13 @@ from typing import Any
 
 from . import buckets
 from . import config as settings_module
-from ..progress import Progress
+from ..compilation import recompile
+from ..core.progress import Progress
 
-__all__ = ["warmup"]
+__all__ = ["precompile", "warmup_generate"]
 
 
-def warmup(
+def precompile(
     model: Any,
     *,
     max_prompt_length: int,
@@ -84,3 +86,33 @@ def _token(model: Any) -> int:
         special.update(value if isinstance(value, (list, tuple)) else [value])
     vocab = getattr(model.config.get_text_config(), "vocab_size", None) or 2
     return next(t for t in range(vocab) if t not in special) if vocab > len(special) else 0
+
+
+def warmup_generate(
+    model: Any,
+    *,
+    max_prompt_length: int,
+    max_new_tokens: int,
+    max_batch_size: int = 1,
+    batch_sizes: Any = None,
+    **generate_kwargs: Any,
+) -> list[Any]:
+    """The ``generate()`` buckets within these limits (see ``docs/generation.md#warm-up``); returns
+    the shapes compiled. Also ``transformers_tpu_ext.generation.warmup``."""
+    covered = {
+        "max_prompt_length": max_prompt_length,
+        "max_new_tokens": max_new_tokens,
+        "max_batch_size": max_batch_size,
+        "batch_sizes": sorted(int(b) for b in batch_sizes) if batch_sizes else None,
+    }
+    with recompile.warming_up("generate", model, covered):
+        plans = precompile(
+            model,
+            max_prompt_length=max_prompt_length,
+            max_new_tokens=max_new_tokens,
+            max_batch_size=max_batch_size,
+            batch_sizes=batch_sizes,
+            **generate_kwargs,
+        )
+        covered["cache"] = max((plan.cache for plan in plans), default=None)
+    return plans

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import guard, recompile
+from ..compilation import guard, recompile
 from ..backend import is_tpu
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_serve"
 TARGET = "transformers.generation.continuous_batching.continuous_api"
@@ -66,7 +66,7 @@ def _facts(processor: Any) -> recompile.CallFacts:
     q, s = getattr(io, "num_q_tokens", None), getattr(io, "num_request_in_batch", None)
     shape = None
     if plan is not None and q is not None:
-        from ..serving import policy as serving
+        from . import policy as serving
 
         shape = serving.step_shape(max(1, int(q)), max(1, int(s or requests or 1)), plan.token_buckets, plan.request_buckets)
     call = f"a step of {requests} request{'s' if requests != 1 else ''}"

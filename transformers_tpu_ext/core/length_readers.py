@@ -266,7 +266,7 @@ def _defined_by(cls: type, name: str) -> str | None:
 
 
 #: The markers of the generated table in docs/generation.md (``python scripts/gen_docs_tables.py``).
-BEGIN = "<!-- generated: transformers_tpu_ext.length_readers.length_table() -->"
+BEGIN = "<!-- generated: transformers_tpu_ext.core.length_readers.length_table() -->"
 END = "<!-- end of generated length table -->"
 
 _PHI35 = ModelLengths((Rotary("longrope", 4096),), resets_cache_at=4096)

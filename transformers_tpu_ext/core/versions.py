@@ -1,6 +1,6 @@
 """Supported and tested versions, and the gate every patch passes before it is applied.
 
-Both are written once, in ``requirements.txt`` next to this file: pip installs from it
+Both are written once, in the package's ``requirements.txt`` (transformers_tpu_ext/requirements.txt): pip installs from it
 (``pyproject.toml`` declares it as the dynamic dependency list) and the gates below read it::
 
     # tested: 5.23.0 5.24.0
@@ -38,7 +38,7 @@ __all__ = [
 
 @functools.cache
 def _read() -> tuple[dict[str, SpecifierSet], dict[str, tuple[str, ...]]]:
-    text = resources.files(__package__).joinpath("requirements.txt").read_text()
+    text = resources.files("transformers_tpu_ext").joinpath("requirements.txt").read_text()
     ranges: dict[str, SpecifierSet] = {}
     tested: dict[str, tuple[str, ...]] = {}
     pending: tuple[str, ...] = ()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import guard, recompile
+from ..compilation import guard, recompile
 from ..backend import is_tpu
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_train"
 TARGET = "transformers.trainer"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import guard, recompile
+from ..compilation import guard, recompile
 from ..backend import is_tpu
-from ..wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_generate"
 TARGET = "transformers.generation.utils"
@@ -55,7 +55,7 @@ def _facts(instance: Any, args: tuple, kwargs: Mapping[str, Any], covered: Mappi
     call = f"a batch of {batch} prompt{'s' if batch != 1 else ''} of {prompt} tokens, max_new_tokens={new}"
     signature = cache = None
     try:
-        from ..generation import config as generation_config
+        from . import config as generation_config
 
         planned = generation_config.current().plan(batch, prompt, int(new or 1))
         # Transformers keeps the longest static cache it made (to avoid recompiling): the one this call ran with.

@@ -1,0 +1,107 @@
+"""The plain facts :func:`transformers_tpu_ext.training.buckets.plan_batch` decides from, and its plan (pure).
+
+:class:`ModelFacts` (what the model's kind and config say), :class:`SourceFacts` (where the batch comes
+from: training, evaluation, a trainer's own loss) and :class:`BatchPlan` (what is padded, and how);
+all three are also importable from :mod:`.buckets`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..core.length_readers import ModelLengths
+
+__all__ = ["BatchPlan", "ModelFacts", "SourceFacts"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the padding of a batch must know about the model it feeds (plain data, read off the model
+    by the glue: :func:`transformers_tpu_ext.training.facts.model_facts`).
+
+    - ``known``: a Transformers model of a task whose inputs and labels have known semantics (causal
+      LM, masked LM, sequence-to-sequence LM, token or sequence classification);
+    - ``causal``: every attention layer is causal (a decoder-only model): a position never sees a
+      later one, so padding on the right is invisible to the real tokens without a mask;
+    - ``encoder_decoder``: two sides (``input_ids`` / ``labels`` and ``decoder_*``), each with its length;
+    - ``per_token_labels``: its loss takes one label per position (LM, MLM, token classification,
+      seq2seq) and ignores -100;
+    - ``pools_last_token``: a sequence classifier that pools the last token that is not ``pad_token_id``;
+    - ``pad_token_id``: the config's; ``max_positions`` / ``max_decoder_positions``: the size of a
+      position table no padding may exceed (``None``: no limit known);
+    - ``accepts_attention_mask``: its forward takes ``attention_mask``;
+    - ``extra_outputs``: it returns more than logits per position (hidden states, attentions,
+      router logits), whose axes evaluation could not cut back;
+    - ``aux_loss``: a loss term over every token the mask lets through (MoE load balancing): no rows added.
+
+    The defaults describe a decoder-only language model (what :class:`BucketCollator` assumes
+    without a model).
+    """
+
+    known: bool = True
+    causal: bool = True
+    encoder_decoder: bool = False
+    per_token_labels: bool = True
+    pools_last_token: bool = False
+    pad_token_id: int | None = None
+    max_positions: int | None = None
+    max_decoder_positions: int | None = None
+    accepts_attention_mask: bool = True
+    extra_outputs: bool = False
+    aux_loss: bool = False
+    #: What in it reads the length of the forward pass (rotary types whose frequencies depend on it).
+    lengths: ModelLengths = ModelLengths()
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What the padding of a batch must know about where it comes from and where it goes.
+
+    - ``training``: a training batch (rows may be added); otherwise evaluation or prediction;
+    - ``packed``: the collator packs sequences into one row told apart by ``position_ids``
+      (``DataCollatorWithFlattening``);
+    - ``generates``: the batch holds prompts for ``generate()`` (``predict_with_generate``);
+    - ``custom_loss``: a loss of the user's (a ``compute_loss`` override, ``compute_loss_func``):
+      whether it ignores padding is unknown;
+    - ``cuts_outputs``: evaluation outputs are cut back to the collator's lengths (the Trainer's own
+      ``prediction_step``);
+    - ``returns_inputs``: the inputs themselves go to the metrics (``include_for_metrics=["inputs"]``);
+    - ``keeps_rows``: the loss or its logged metrics read every row of the batch (TRL's trainers: DPO
+      pairs the first and second halves of the rows, SFT counts the attention mask's tokens): no rows added.
+
+    The defaults describe a user's own training loop.
+    """
+
+    training: bool = True
+    packed: bool = False
+    generates: bool = False
+    custom_loss: bool = False
+    cuts_outputs: bool = False
+    returns_inputs: bool = False
+    keeps_rows: bool = False
+    neftune: bool = False  # NEFTune noise on the input embeddings (neftune_noise_alpha)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How to pad one batch: rows to ``rows``, and each key in ``lengths`` (on the right) to its length.
+
+    ``add_mask``: add an ``attention_mask`` to the plan (ones on the real tokens, zeros on the
+    padding). ``pad_token_id``: the id ``input_ids`` are padded with when it must be the model's
+    (``None``: the collator's). ``sides``: ``(padded, original)`` length of each side that is padded
+    (the encoder or only side first), what evaluation outputs are cut back with. ``sequence`` is the
+    longest padded length (the buckets used are the first items of ``sides``).
+    """
+
+    rows: int
+    lengths: Mapping[str, int]
+    sequence: int
+    add_mask: bool = False
+    pad_token_id: int | None = None
+    sides: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The padded length of each side (what :func:`choose_length` reuses)."""
+        return tuple(padded for padded, _ in self.sides) or (self.sequence,)
