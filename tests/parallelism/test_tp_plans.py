@@ -213,5 +213,7 @@ def test_where_the_patches_rewrite(environ, tpu, enabled):
 
 
 def test_invalid_rewrite_setting_names_the_variable_and_the_values():
-    with pytest.raises(ValueError, match=r"TRANSFORMERS_TPU_EXT_TP_REWRITE='yes' .*auto, always, never"):
+    with pytest.raises(ValueError, match=r"TRANSFORMERS_TPU_EXT_TP_REWRITE='yes'.*auto, always, never"):
         tp_plans.rewrite_enabled(lambda: True, {tp_plans.TP_REWRITE_ENV: "yes"})
+    with pytest.raises(ValueError, match=r"'alway'.*did you mean always"):  # a near miss names the word meant
+        tp_plans.rewrite_mode({tp_plans.TP_REWRITE_ENV: "alway"})

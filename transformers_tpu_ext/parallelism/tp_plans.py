@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..settings.parser import parse
+from .settings import SETTINGS as _SETTINGS
 from .heads import (  # the plain helpers over configs and plans, re-exported here
     _KEY,
     _QUERY,
@@ -105,18 +107,15 @@ class TPPlanError(ValueError):
 TP_REWRITE_ENV = "TRANSFORMERS_TPU_EXT_TP_REWRITE"
 #: Its values: ``auto`` (default: only when a TPU is present), ``always`` (any device), ``never``.
 TP_REWRITE_MODES = ("auto", "always", "never")
+_REWRITE = next(s for s in _SETTINGS if s.name == TP_REWRITE_ENV)
+assert _REWRITE.choices == TP_REWRITE_MODES
 
 
 def rewrite_mode(environ: Mapping[str, str] | None = None) -> str:
-    """The value of :data:`TP_REWRITE_ENV` (``"auto"`` when unset or empty); ``ValueError`` if invalid."""
+    """The value of :data:`TP_REWRITE_ENV` (``"auto"`` when unset or empty), parsed by the settings layer's
+    one parser from its declaration (``parallelism.settings``); ``ValueError`` if invalid."""
     raw = (os.environ if environ is None else environ).get(TP_REWRITE_ENV, "")
-    mode = raw.strip().lower() or "auto"
-    if mode not in TP_REWRITE_MODES:
-        raise ValueError(
-            f"{TP_REWRITE_ENV}={raw!r} is not valid: use one of {', '.join(TP_REWRITE_MODES)} "
-            "(auto: rewrite TP plans on TPU only; always: on any device; never: off)"
-        )
-    return mode
+    return parse(_REWRITE, raw) if raw.strip() else "auto"
 
 
 def rewrite_enabled(tpu_available: Callable[[], bool], environ: Mapping[str, str] | None = None) -> bool:
