@@ -62,3 +62,47 @@ def test_logprobs_on_tpu_equal_the_cpus(small_steps):
         assert t.generated_tokens == c.generated_tokens
         assert len(t.logprobs) == len(c.logprobs) == NEW
         assert torch.allclose(torch.tensor(t.logprobs), torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
+def test_fit_to_pool_lowers_max_new_tokens_and_refuses_a_prompt_with_no_room():
+    from transformers_tpu_ext.serving import pool
+
+    assert pool.fit_to_pool(10, 5, 64, num_blocks=4, page_size=16) == 5
+    assert pool.fit_to_pool(62, 5, 64, num_blocks=4, page_size=16) == 2
+    assert pool.fit_to_pool(62, None, 64, num_blocks=4, page_size=16) == 2
+    with pytest.raises(ValueError, match="could never be scheduled"):
+        pool.fit_to_pool(64, 1, 64, num_blocks=4, page_size=16)
+
+
+def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small_steps, monkeypatch, caplog):
+    """A pool of 4 pages of 16 tokens (64 tokens): Transformers would fail every request in flight on a
+    prompt of 100 tokens ("No requests can be scheduled and no requests can be offloaded."); on TPU
+    ``add_request`` refuses it, and lowers the ``max_new_tokens`` of a 62-token prompt to 2."""
+    import logging
+
+    from transformers import ContinuousBatchingConfig
+
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN", "128")
+    long_prompt, near_full = list(range(3, 103)), list(range(100, 162))
+    model = tiny.tiny_model("qwen3", seed=0).to("tpu")
+    config = ContinuousBatchingConfig(num_blocks=4, page_size=16)
+    manager = model.init_continuous_batching(generation_config=_config(), continuous_batching_config=config)
+    manager.start()
+    try:
+        first = manager.add_request(PROMPTS[0], max_new_tokens=NEW)  # in flight while the others come
+        with pytest.raises(ValueError, match=r"100 tokens; the TPU paged KV cache holds 64 tokens in all \(4 pages of 16"):
+            manager.add_request(long_prompt, max_new_tokens=NEW)
+        with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN"):  # past the max length: its message
+            manager.add_request(list(range(3, 133)), max_new_tokens=NEW)
+        with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
+            lowered = manager.add_request(near_full, max_new_tokens=NEW)
+        assert any("lowered to fit the TPU paged KV cache (64 tokens" in r.getMessage() for r in caplog.records)
+        last = manager.add_request(PROMPTS[1], max_new_tokens=NEW)
+        results = {r.request_id: r for r in (manager.get_result(timeout=120) for _ in range(3))}
+    finally:
+        manager.stop(block=True)
+    assert all(r.error is None for r in results.values())
+    cpu = _cpu([PROMPTS[0], near_full, PROMPTS[1]])
+    assert results[first].generated_tokens == cpu[0].generated_tokens
+    assert results[lowered].generated_tokens == cpu[1].generated_tokens[:2]
+    assert results[last].generated_tokens == cpu[2].generated_tokens

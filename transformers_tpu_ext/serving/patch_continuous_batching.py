@@ -24,7 +24,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   and top-p per request from a tensor of the step (``serving.sampling.per_request_path``), not from
   numbers compiled into its programs.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
-- ``ContinuousBatchingManager.add_request``: a request longer than the max length is refused early.
+- ``ContinuousBatchingManager.add_request``: a request longer than the max length, or than the paged
+  cache's whole pool (``serving.pool``), is refused early.
 
 The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transformers_tpu_ext.serving.policy``.
 """
@@ -175,12 +176,22 @@ def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if asked is None:
         asked = instance.generation_config.max_new_tokens
     fitted = serving.fit_request(len(input_ids), asked, plan.max_len)  # a prompt too long raises here
+    if fitted != asked and asked is not None:
+        warn_once(
+            f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
+            f"{serving.ENV['max_len']} raises it)"
+        )
+    cache = getattr(instance.batch_processor, "cache", None)  # built by the warm-up: the pool is known
+    if cache is not None:
+        from . import pool
+
+        within = pool.fit_to_pool(
+            len(input_ids), fitted, cache.max_tokens_read, num_blocks=cache.num_blocks, page_size=plan.page_size
+        )  # a prompt longer than the whole pool raises here, before it can stop the requests in flight
+        if within != fitted:
+            warn_once(f"max_new_tokens lowered to fit the TPU paged KV cache ({cache.max_tokens_read} tokens in all)")
+            fitted = within
     if fitted != asked:
-        if asked is not None:
-            warn_once(
-                f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
-                f"{serving.ENV['max_len']} raises it)"
-            )
         if len(args) > 2:
             args = (*args[:2], fitted, *args[3:])
         else:
