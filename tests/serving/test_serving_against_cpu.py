@@ -1,6 +1,8 @@
-"""Continuous batching on TPU against plain Transformers on the CPU (issue 26): logprobs
-(``return_logprobs``), a request longer than the pool, prefix sharing. In-process, on the simulated
-TPU, with a context-sensitive tiny Qwen3, greedy."""
+"""Continuous batching on TPU against plain Transformers continuous batching on the CPU (issue 26):
+logprobs (``return_logprobs``), a request longer than the KV cache's pool (``serving.pool``), prefix
+sharing (``allow_block_sharing``: a shared system prompt prefilled once, with the plain-PyTorch
+attention, a sliding-window model, and JAX's ragged kernel). In-process, on the simulated TPU, with
+context-sensitive tiny Qwen3s, greedy."""
 
 from __future__ import annotations
 
@@ -27,12 +29,12 @@ def _config():
     return GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=NEW)
 
 
-def _cpu(prompts, **cb):
+def _cpu(prompts, model_args=None, **cb):
     """Plain Transformers continuous batching on the CPU (a small pool: sizing it from host RAM is slow)."""
     from transformers import ContinuousBatchingConfig
 
     config = ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64, **cb)
-    out = tiny.tiny_model("qwen3", seed=0).generate_batch(prompts, generation_config=_config(), continuous_batching_config=config)
+    out = tiny.tiny_model("qwen3", seed=0, **(model_args or {})).generate_batch(prompts, generation_config=_config(), continuous_batching_config=config)
     return [out[key] for key in sorted(out, key=lambda k: int(k.split("_")[-1]))]
 
 
@@ -106,3 +108,49 @@ def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small
     assert results[first].generated_tokens == cpu[0].generated_tokens
     assert results[lowered].generated_tokens == cpu[1].generated_tokens[:2]
     assert results[last].generated_tokens == cpu[2].generated_tokens
+
+
+SYSTEM = [11 + (7 * i) % 250 for i in range(40)]  # a shared "system prompt": two whole pages of 16, and 8 tokens
+QUESTIONS = [[5, 9, 17], [7, 120, 31, 2], [200, 13, 14, 15, 16], [61, 62]]
+
+
+def _prefill_tokens(sharing, attention, **model_args):
+    """Serves the system prompt + each question (the first alone, then the others) on the TPU: tokens, prefill tokens."""
+    from transformers import ContinuousBatchingConfig
+
+    model = tiny.tiny_model("qwen3", seed=0, **model_args).to("tpu")
+    config = ContinuousBatchingConfig(page_size=16, allow_block_sharing=sharing)
+    manager = model.init_continuous_batching(generation_config=_config(), continuous_batching_config=config)
+    manager.start()
+    try:
+        results = _serve(manager, [SYSTEM + QUESTIONS[0]]) + _serve(manager, [SYSTEM + q for q in QUESTIONS[1:]])
+        assert manager.batch_processor.cache.use_prefix_sharing == sharing
+        assert manager.continuous_batching_config.tpu_plan.attention == attention
+    finally:
+        manager.stop(block=True)
+    stats = manager.continuous_batching_config.tpu_plan.stats
+    return [r.generated_tokens for r in results], stats.tokens - sum(len(r.generated_tokens) - 1 for r in results)
+
+
+@pytest.mark.parametrize(
+    "attention, model_args",
+    [
+        pytest.param("paged", {}, id="paged"),
+        pytest.param(
+            "paged",
+            {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8, "use_sliding_window": True},
+            id="sliding-window",  # upstream's sliding-window cache cannot share; the TPU path's one group can
+        ),
+        pytest.param("ragged", {"head_dim": 128}, marks=pytest.mark.slow, id="ragged-kernel"),
+    ],
+)
+def test_a_shared_system_prompt_is_prefilled_once(small_steps, attention, model_args):
+    if attention == "ragged":
+        pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
+    cpu = [r.generated_tokens for r in _cpu([SYSTEM + q for q in QUESTIONS], model_args, allow_block_sharing=False)]
+    assert len({tuple(t) for t in cpu}) == len(QUESTIONS)
+    tokens, prefill = _prefill_tokens(True, attention, **model_args)
+    unshared_tokens, unshared_prefill = _prefill_tokens(False, attention, **model_args)
+    assert tokens == unshared_tokens == cpu
+    assert unshared_prefill == sum(len(SYSTEM) + len(q) for q in QUESTIONS)
+    assert prefill == unshared_prefill - 3 * 32  # the system prompt's two whole pages, computed once
