@@ -110,6 +110,22 @@ def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small
     assert results[last].generated_tokens == cpu[2].generated_tokens
 
 
+
+def test_generate_batch_fails_only_the_request_longer_than_the_pool(small_steps):
+    from transformers import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.requests import RequestStatus
+
+    model = tiny.tiny_model("qwen3", seed=0).to("tpu")
+    config = ContinuousBatchingConfig(num_blocks=4, page_size=16)
+    out = model.generate_batch([PROMPTS[0], list(range(3, 103)), PROMPTS[1]], generation_config=_config(),
+                               continuous_batching_config=config)
+    results = [out[key] for key in sorted(out, key=lambda k: int(k.split("_")[-1]))]
+    assert [r.status for r in results] == [RequestStatus.FINISHED, RequestStatus.FAILED, RequestStatus.FINISHED]
+    assert "100 tokens; the TPU paged KV cache holds 64 tokens in all" in results[1].error
+    cpu = _cpu([PROMPTS[0], PROMPTS[1]])
+    assert [results[0].generated_tokens, results[2].generated_tokens] == [r.generated_tokens for r in cpu]
+
+
 SYSTEM = [11 + (7 * i) % 250 for i in range(40)]  # a shared "system prompt": two whole pages of 16, and 8 tokens
 QUESTIONS = [[5, 9, 17], [7, 120, 31, 2], [200, 13, 14, 15, 16], [61, 62]]
 

@@ -25,7 +25,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   numbers compiled into its programs.
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length, or than the paged
-  cache's whole pool (``serving.pool``), is refused early.
+  cache's whole pool (``serving.pool``), is refused early (within ``add_requests``, ``generate_batch``:
+  delivered as a failed result, the others served).
 
 The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transformers_tpu_ext.serving.policy``.
 """
@@ -74,6 +75,8 @@ _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb
 _one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
 #: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
 _activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
+#: Set while ``add_requests`` (``generate_batch``) adds its requests.
+_batch_add: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_batch_add", default=False)
 
 
 def apply(module: Any) -> None:
@@ -84,6 +87,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(manager, "start", _start)
     _wraps.wrap(manager, "destroy", attention.destroy)
     _wraps.wrap(manager, "add_request", _add_request)
+    _wraps.wrap(manager, "add_requests", _add_requests)
     _wraps.wrap(module.ContinuousMixin, "generate_batch", attention.generate_batch)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
@@ -167,10 +171,35 @@ def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
+def _add_requests(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``add_requests`` (``generate_batch``): a request that cannot fit fails alone (see ``_add_request``)."""
+    token = _batch_add.set(True)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _batch_add.reset(token)
+
+
 def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     plan = _plan_of(instance.continuous_batching_config)
     if plan is None:
         return wrapped(*args, **kwargs)
+    try:
+        return _fitted_request(wrapped, instance, plan, args, kwargs)
+    except ValueError as error:
+        if not _batch_add.get() or not kwargs.get("request_id"):
+            raise
+        # Within add_requests (generate_batch) the others were added already: this one comes back failed,
+        # with the message, as upstream delivers a request that fails; the others complete.
+        from transformers.generation.continuous_batching.requests import RequestState
+
+        warn_once(f"a request of generate_batch failed on TPU: {error}")
+        state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(kwargs.get("input_ids") or args[0]))
+        instance.output_router.fail_and_deliver(state, error)
+        return kwargs["request_id"]
+
+
+def _fitted_request(wrapped: Any, instance: Any, plan: serving.ServingPlan, args: tuple, kwargs: dict) -> Any:
     input_ids = args[0] if args else kwargs["input_ids"]
     asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
     if asked is None:
