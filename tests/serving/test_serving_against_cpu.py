@@ -130,7 +130,7 @@ SYSTEM = [11 + (7 * i) % 250 for i in range(40)]  # a shared "system prompt": tw
 QUESTIONS = [[5, 9, 17], [7, 120, 31, 2], [200, 13, 14, 15, 16], [61, 62]]
 
 
-def _prefill_tokens(sharing, attention, **model_args):
+def _prefill_tokens(sharing, attention, kv_cache=None, **model_args):
     """Serves the system prompt + each question (the first alone, then the others) on the TPU: tokens, prefill tokens."""
     from transformers import ContinuousBatchingConfig
 
@@ -142,6 +142,7 @@ def _prefill_tokens(sharing, attention, **model_args):
         results = _serve(manager, [SYSTEM + QUESTIONS[0]]) + _serve(manager, [SYSTEM + q for q in QUESTIONS[1:]])
         assert manager.batch_processor.cache.use_prefix_sharing == sharing
         assert manager.continuous_batching_config.tpu_plan.attention == attention
+        assert manager.continuous_batching_config.tpu_plan.kv_cache == kv_cache
     finally:
         manager.stop(block=True)
     stats = manager.continuous_batching_config.tpu_plan.stats
@@ -170,3 +171,13 @@ def test_a_shared_system_prompt_is_prefilled_once(small_steps, attention, model_
     assert tokens == unshared_tokens == cpu
     assert unshared_prefill == sum(len(SYSTEM) + len(q) for q in QUESTIONS)
     assert prefill == unshared_prefill - 3 * 32  # the system prompt's two whole pages, computed once
+
+
+def test_prefix_sharing_with_the_int8_kv_cache_reads_the_shared_pages_scales(small_steps, monkeypatch):
+    """Shared int8 pages are read with their own scales (the scale tensor is addressed by the same slots):
+    the tokens with sharing are those without it (the int8 cache is lossy, so not compared with the CPU)."""
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE", "int8")
+    tokens, prefill = _prefill_tokens(True, "paged", "int8")
+    unshared_tokens, unshared_prefill = _prefill_tokens(False, "paged", "int8")
+    assert tokens == unshared_tokens and len({tuple(t) for t in tokens}) == len(QUESTIONS)
+    assert prefill == unshared_prefill - 3 * 32
