@@ -185,8 +185,8 @@ def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if plan is None:
         return wrapped(*args, **kwargs)
     try:
-        return _fitted_request(wrapped, instance, plan, args, kwargs)
-    except ValueError as error:
+        args, kwargs = _fitted_request(instance, plan, args, kwargs)
+    except ValueError as error:  # our own checks only (upstream's add_request raises as it does)
         if not _batch_add.get() or not kwargs.get("request_id"):
             raise
         # Within add_requests (generate_batch) the others were added already: this one comes back failed,
@@ -197,9 +197,11 @@ def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(kwargs.get("input_ids") or args[0]))
         instance.output_router.fail_and_deliver(state, error)
         return kwargs["request_id"]
+    return wrapped(*args, **kwargs)
 
 
-def _fitted_request(wrapped: Any, instance: Any, plan: serving.ServingPlan, args: tuple, kwargs: dict) -> Any:
+def _fitted_request(instance: Any, plan: serving.ServingPlan, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``add_request``'s arguments with ``max_new_tokens`` fitted to the max length and the pool (or ``ValueError``)."""
     input_ids = args[0] if args else kwargs["input_ids"]
     asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
     if asked is None:
@@ -225,7 +227,7 @@ def _fitted_request(wrapped: Any, instance: Any, plan: serving.ServingPlan, args
             args = (*args[:2], fitted, *args[3:])
         else:
             kwargs = {**kwargs, "max_new_tokens": fitted}
-    return wrapped(*args, **kwargs)
+    return args, kwargs
 
 
 def _resolve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
