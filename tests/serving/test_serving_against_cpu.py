@@ -44,6 +44,7 @@ def _serve(manager, prompts, **kwargs):
     return [results[i] for i in ids]
 
 
+@pytest.mark.slow
 def test_logprobs_on_tpu_equal_the_cpus(small_steps):
     from transformers import ContinuousBatchingConfig
 
@@ -111,6 +112,7 @@ def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small
 
 
 
+@pytest.mark.slow
 def test_generate_batch_fails_only_the_request_longer_than_the_pool(small_steps):
     from transformers import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.requests import RequestStatus
@@ -173,6 +175,7 @@ def test_a_shared_system_prompt_is_prefilled_once(small_steps, attention, model_
     assert prefill == unshared_prefill - 3 * 32  # the system prompt's two whole pages, computed once
 
 
+@pytest.mark.slow
 def test_prefix_sharing_with_the_int8_kv_cache_reads_the_shared_pages_scales(small_steps, monkeypatch):
     """Shared int8 pages are read with their own scales (the scale tensor is addressed by the same slots):
     the tokens with sharing are those without it (the int8 cache is lossy, so not compared with the CPU)."""

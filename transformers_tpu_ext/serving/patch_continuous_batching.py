@@ -41,6 +41,7 @@ from typing import Any
 from . import policy as serving
 from . import sampling
 from . import wrap_attention as attention
+from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
 from ..compilation import recompile_limit
 from ..core.wrapping import Wraps, warn_once
@@ -72,8 +73,6 @@ _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb
 _one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
 #: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
 _activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
-#: Set while ``add_requests`` (``generate_batch``) adds its requests.
-_batch_add: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_batch_add", default=False)
 
 
 def apply(module: Any) -> None:
@@ -83,8 +82,8 @@ def apply(module: Any) -> None:
     _wraps.wrap(manager, "switch_to_cb_friendly_attn", attention.switch_attention)
     _wraps.wrap(manager, "start", _start)
     _wraps.wrap(manager, "destroy", attention.destroy)
-    _wraps.wrap(manager, "add_request", _add_request)
-    _wraps.wrap(manager, "add_requests", _add_requests)
+    _wraps.wrap(manager, "add_request", requests.add_request)
+    _wraps.wrap(manager, "add_requests", requests.add_requests)
     _wraps.wrap(module.ContinuousMixin, "generate_batch", attention.generate_batch)
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
@@ -169,65 +168,6 @@ def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if plan is not None and plan.warmup and not instance.warmed_up and not instance.is_running():
         instance.warmup()  # transformers serve starts the manager without a warm-up
     return wrapped(*args, **kwargs)
-
-
-def _add_requests(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``add_requests`` (``generate_batch``): a request that cannot fit fails alone (see ``_add_request``)."""
-    token = _batch_add.set(True)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _batch_add.reset(token)
-
-
-def _add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    plan = _plan_of(instance.continuous_batching_config)
-    if plan is None:
-        return wrapped(*args, **kwargs)
-    try:
-        args, kwargs = _fitted_request(instance, plan, args, kwargs)
-    except ValueError as error:  # our own checks only (upstream's add_request raises as it does)
-        if not _batch_add.get() or not kwargs.get("request_id"):
-            raise
-        # Within add_requests (generate_batch) the others were added already: this one comes back failed,
-        # with the message, as upstream delivers a request that fails; the others complete.
-        from transformers.generation.continuous_batching.requests import RequestState
-
-        warn_once(f"a request of generate_batch failed on TPU: {error}")
-        state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(kwargs.get("input_ids") or args[0]))
-        instance.output_router.fail_and_deliver(state, error)
-        return kwargs["request_id"]
-    return wrapped(*args, **kwargs)
-
-
-def _fitted_request(instance: Any, plan: serving.ServingPlan, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """``add_request``'s arguments with ``max_new_tokens`` fitted to the max length and the pool (or ``ValueError``)."""
-    input_ids = args[0] if args else kwargs["input_ids"]
-    asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
-    if asked is None:
-        asked = instance.generation_config.max_new_tokens
-    fitted = serving.fit_request(len(input_ids), asked, plan.max_len)  # a prompt too long raises here
-    if fitted != asked and asked is not None:
-        warn_once(
-            f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
-            f"{serving.ENV['max_len']} raises it)"
-        )
-    cache = getattr(instance.batch_processor, "cache", None)  # built by the warm-up: the pool is known
-    if cache is not None:
-        from . import pool
-
-        within = pool.fit_to_pool(
-            len(input_ids), fitted, cache.max_tokens_read, num_blocks=cache.num_blocks, page_size=plan.page_size
-        )  # a prompt longer than the whole pool raises here, before it can stop the requests in flight
-        if within != fitted:
-            warn_once(f"max_new_tokens lowered to fit the TPU paged KV cache ({cache.max_tokens_read} tokens in all)")
-            fitted = within
-    if fitted != asked:
-        if len(args) > 2:
-            args = (*args[:2], fitted, *args[3:])
-        else:
-            kwargs = {**kwargs, "max_new_tokens": fitted}
-    return args, kwargs
 
 
 def _resolve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

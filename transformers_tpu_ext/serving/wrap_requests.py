@@ -1,0 +1,83 @@
+"""What a TPU continuous-batching manager accepts (glue of ``patch_continuous_batching``).
+
+``add_request``: a request longer than the serving max length, or than the paged cache's whole pool
+(``serving.pool``), is refused before it can stop the requests in flight; a ``max_new_tokens`` that would
+outgrow either is lowered, with one warning. Within ``add_requests`` (``generate_batch``) such a request
+comes back failed, with the message, and the others are served.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from . import policy as serving
+from ..core.wrapping import warn_once
+
+__all__ = ["add_request", "add_requests"]
+
+#: Set while ``add_requests`` (``generate_batch``) adds its requests.
+_batch_add: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_batch_add", default=False)
+
+
+def _plan_of(config: Any) -> serving.ServingPlan | None:
+    return getattr(config, "tpu_plan", None)
+
+
+def add_requests(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``add_requests`` (``generate_batch``): a request that cannot fit fails alone (see ``_add_request``)."""
+    token = _batch_add.set(True)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _batch_add.reset(token)
+
+
+def add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    plan = _plan_of(instance.continuous_batching_config)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+    try:
+        args, kwargs = _fitted_request(instance, plan, args, kwargs)
+    except ValueError as error:  # our own checks only (upstream's add_request raises as it does)
+        if not _batch_add.get() or not kwargs.get("request_id"):
+            raise
+        # Within add_requests (generate_batch) the others were added already: this one comes back failed,
+        # with the message, as upstream delivers a request that fails; the others complete.
+        from transformers.generation.continuous_batching.requests import RequestState
+
+        warn_once(f"a request of generate_batch failed on TPU: {error}")
+        state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(kwargs.get("input_ids") or args[0]))
+        instance.output_router.fail_and_deliver(state, error)
+        return kwargs["request_id"]
+    return wrapped(*args, **kwargs)
+
+
+def _fitted_request(instance: Any, plan: serving.ServingPlan, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``add_request``'s arguments with ``max_new_tokens`` fitted to the max length and the pool (or ``ValueError``)."""
+    input_ids = args[0] if args else kwargs["input_ids"]
+    asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
+    if asked is None:
+        asked = instance.generation_config.max_new_tokens
+    fitted = serving.fit_request(len(input_ids), asked, plan.max_len)  # a prompt too long raises here
+    if fitted != asked and asked is not None:
+        warn_once(
+            f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "
+            f"{serving.ENV['max_len']} raises it)"
+        )
+    cache = getattr(instance.batch_processor, "cache", None)  # built by the warm-up: the pool is known
+    if cache is not None:
+        from . import pool
+
+        within = pool.fit_to_pool(
+            len(input_ids), fitted, cache.max_tokens_read, num_blocks=cache.num_blocks, page_size=plan.page_size
+        )  # a prompt longer than the whole pool raises here, before it can stop the requests in flight
+        if within != fitted:
+            warn_once(f"max_new_tokens lowered to fit the TPU paged KV cache ({cache.max_tokens_read} tokens in all)")
+            fitted = within
+    if fitted != asked:
+        if len(args) > 2:
+            args = (*args[:2], fitted, *args[3:])
+        else:
+            kwargs = {**kwargs, "max_new_tokens": fitted}
+    return args, kwargs
