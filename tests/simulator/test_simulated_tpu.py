@@ -620,3 +620,15 @@ report(["torch" in sys.modules, testing.is_installed(), hasattr(plugin, "simulat
 """
     )
     assert value == [False, False, True]
+
+
+def test_accelerator_empty_cache_works_as_on_a_chip(simulated_tpu):
+    """torch_tpu's allocator is a c10 device allocator, so ``torch.accelerator.empty_cache()`` works on a
+    chip; PyTorch fails an internal assertion for a Python backend's. Accelerate 1.16 calls it at the
+    start of every ``Trainer.train()`` (``free_memory``): the simulator answers it for the TPU."""
+    from accelerate.utils.memory import clear_device_cache
+
+    kept = torch.ones(4, device="tpu")
+    torch.accelerator.empty_cache()
+    clear_device_cache(garbage_collection=True)  # whichever backend module this Accelerate picks
+    assert kept.cpu().tolist() == [1.0] * 4
