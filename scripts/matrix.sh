@@ -24,7 +24,7 @@ cache="${TRANSFORMERS_TPU_EXT_MATRIX_DIR:-$root/.venv-matrix}"
 # name | pins (torch first: it is installed alone, then the rest with the package)
 COMBINATIONS=(
     "oldest|torch==2.11.0 transformers==5.23.0 accelerate==1.1.0 wrapt==1.16.0"
-    "newest|torch==2.15.0 transformers==5.24.0 accelerate==1.15.0 wrapt==2.5.2"
+    "newest|torch==2.15.0 transformers==5.24.0 accelerate==1.16.0 wrapt==2.5.2"
 )
 COMPAT_TESTS=(
     tests/core/test_activation.py tests/core/test_backend.py tests/core/test_compat.py tests/cli/test_doctor.py

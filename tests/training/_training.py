@@ -145,3 +145,12 @@ def gated_model() -> Any:
     model.load_state_dict(base.state_dict(), strict=False)
     model.generation_config = base.generation_config
     return model
+
+
+def accelerate_finds_the_tpu() -> bool:
+    """Whether the installed Accelerate picks ``torch.accelerator``'s device itself (1.16 and newer)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("accelerate")) >= Version("1.16")
