@@ -130,6 +130,21 @@ def test_a_tpu_manager_that_samples_builds_per_request_processors(simulated_tpu)
     assert _processors(model, do_sample=False) == ([], [])  # greedy: untouched
 
 
+def test_a_manager_whose_planning_fails_gets_upstreams_processors_back(simulated_tpu, monkeypatch):
+    """Upstream builds the processors before the config the plugin plans; when planning fails the manager
+    runs unpatched, and so do its processors (not the per-request ones the plugin chose for its plan)."""
+    from transformers_tpu_ext.serving import patch_continuous_batching as glue
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug of the plan")
+
+    monkeypatch.setattr(glue, "_plan_manager", broken)
+    model = tiny_model("qwen3").to("tpu")
+    assert _processors(model, do_sample=True, temperature=0.6, top_k=20, top_p=0.95) == (
+        ["Temperature", "TopK", "TopP"], [])  # upstream's: the values stay in the processors
+
+
 def _env(**changes: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSFORMERS_TPU_EXT_", "TORCH_TPU_"))}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **changes)

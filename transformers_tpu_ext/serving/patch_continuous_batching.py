@@ -61,6 +61,8 @@ class _Init:
     def __init__(self, model: Any, settings: serving.ServeSettings, user_config: Any, generation_config: Any = None) -> None:
         self.model, self.settings, self.user_config = model, settings, user_config
         self.generation_config = generation_config
+        #: Upstream's arguments of the logits processor list when the plugin switched them (per request).
+        self.upstream_processors: tuple[tuple, dict] | None = None
         chip = chip_info()
         from ..placement.budget import headroom_bytes
 
@@ -138,7 +140,8 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     settings = serving.current()
     user_config = args[2] if len(args) > 2 else kwargs.get("continuous_batching_config")
     generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
-    token = _init.set(_Init(model, settings, user_config, generation_config))
+    init = _Init(model, settings, user_config, generation_config)
+    token = _init.set(init)
     try:
         wrapped(*args, **kwargs)
     finally:
@@ -146,6 +149,9 @@ def _manager_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     if _plan_of(instance.continuous_batching_config) is not None:
         attention.made(instance)
         attention.use_tpu_attention(instance, model)
+    elif init.upstream_processors is not None:  # planning failed: upstream's manager, upstream's processors
+        processor_args, processor_kwargs = init.upstream_processors
+        instance.logit_processor = type(instance.logit_processor)(*processor_args, **processor_kwargs)
 
 
 def _serve_facts(model: Any) -> serving.ServeFacts:
@@ -245,6 +251,7 @@ def _processor_list(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
         processors[p] if isinstance(p, int) else getattr(logits_process, p)(sampling.IDENTITY[p])
         for p in sampling.completed(facts.processors)
     ]
+    init.upstream_processors = (args, kwargs)
     bound.update(logits_processor=logits_process.LogitsProcessorList(made), per_request_processors=True)
     return wrapped(**bound)
 
