@@ -39,6 +39,7 @@ import sys
 from typing import Any
 
 from . import policy as serving
+from .plan import plan_of as _plan_of
 from . import sampling
 from . import wrap_attention as attention
 from . import wrap_requests as requests
@@ -117,9 +118,6 @@ def _runtime() -> Any:
 
     return _cb_runtime
 
-
-def _plan_of(config: Any) -> serving.ServingPlan | None:
-    return getattr(config, "tpu_plan", None)
 
 
 # -------------------------------------------------------------------------------------------------

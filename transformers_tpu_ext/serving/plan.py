@@ -12,7 +12,7 @@ from .memory import CachePlan, blocks_per_request, kv_budget, page_size_for
 from .settings import DEFAULT_MAX_LEN, ServeSettings
 from .shapes import capped_rungs, step_shapes
 
-__all__ = ["ServingPlan", "StepStats", "plan_for"]
+__all__ = ["ServingPlan", "StepStats", "plan_for", "plan_of"]
 
 
 @dataclass
@@ -194,3 +194,8 @@ def plan_for(
         warmup=settings.warmup,
         notes=notes,
     )
+
+
+def plan_of(config: Any) -> ServingPlan | None:
+    """The plan a resolved continuous-batching config carries on the TPU path (``None``: upstream's path)."""
+    return getattr(config, "tpu_plan", None)

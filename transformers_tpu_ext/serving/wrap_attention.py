@@ -12,6 +12,7 @@ import contextvars
 from typing import Any
 
 from . import policy as serving
+from .plan import plan_of as _plan_of
 
 __all__ = ["destroy", "forget", "generate_batch", "made", "restore_attention", "switch_attention",
            "use_tpu_attention", "user_attention"]
@@ -26,9 +27,6 @@ def _runtime() -> Any:
 
     return runtime
 
-
-def _plan_of(config: Any) -> serving.ServingPlan | None:
-    return getattr(config, "tpu_plan", None)
 
 
 def made(manager: Any) -> None:

@@ -12,6 +12,7 @@ import contextvars
 from typing import Any
 
 from . import policy as serving
+from .plan import plan_of as _plan_of
 from ..core.wrapping import warn_once
 
 __all__ = ["add_request", "add_requests"]
@@ -19,9 +20,6 @@ __all__ = ["add_request", "add_requests"]
 #: Set while ``add_requests`` (``generate_batch``) adds its requests.
 _batch_add: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_batch_add", default=False)
 
-
-def _plan_of(config: Any) -> serving.ServingPlan | None:
-    return getattr(config, "tpu_plan", None)
 
 
 def add_requests(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
