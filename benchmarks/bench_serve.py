@@ -88,6 +88,57 @@ def decode_floor(requests: int = 64, lengths: tuple[int, int] = (16, 1000), seed
     }
 
 
+#: vLLM TPU's published serving figure whose model and chip the roofline below matches (issue 26):
+#: Llama-3.3-70B on a v6e-8 slice, 1,024 tokens in and 1,024 out, 64 requests at a time.
+VLLM_TPU_PUBLISHED = {
+    "model": "Llama-3.3-70B", "chip": "v6e", "chips": 8, "input_tokens": 1024, "output_tokens": 1024,
+    "concurrency": 64, "output_tokens_per_second": 2495,
+}
+
+#: Llama-3.3-70B's shape: 80 layers, 8 key-value heads of 128, 70.55e9 parameters in bf16.
+LLAMA_3_70B = {"layers": 80, "kv_heads": 8, "head_dim": 128, "weight_bytes": 141_100_000_000}
+
+#: Share of HBM bandwidth vLLM TPU reports reaching in decode (arXiv 2604.15464).
+DECODE_BANDWIDTH_SHARE = 0.86
+
+
+def published_comparison(published: dict = VLLM_TPU_PUBLISHED, shape: dict = LLAMA_3_70B) -> dict:
+    """The roofline of ``published``'s workload next to its measured figure, counted (no model runs).
+
+    Tensor parallel over ``chips`` chips: each chip reads its share of the weights and the K/V of
+    its key-value heads at every decode step. In steady state the ``concurrency`` requests are
+    spread evenly over their output, so they hold ``input`` to ``input + output`` tokens. The step
+    time is the bytes one chip reads over its HBM bandwidth (all-reduces over ICI and the prefill of
+    new requests are not counted, so the roofline is an upper bound of what any server reaches)."""
+    from transformers_tpu_ext.serving import kernel_path
+    from transformers_tpu_ext.serving import policy as serving
+
+    chips, requests = published["chips"], published["concurrency"]
+    max_len = published["input_tokens"] + published["output_tokens"]
+    lens = [published["input_tokens"] + (i * published["output_tokens"]) // requests + 1 for i in range(requests)]
+    kv_heads = max(1, shape["kv_heads"] // chips)
+    per_token = 2 * kv_heads * shape["head_dim"] * 2  # keys and values, bf16, one layer, one chip
+    page = serving.page_size_for(max_len)
+    keys = serving.blocks_per_request(max_len, page) * page
+    padded = serving.round_up(requests, serving.token_ladder(serving.DEFAULT_MAX_BATCH_TOKENS))
+    per_step = {
+        "held": kernel_path.held_kv_bytes(lens, per_token) * shape["layers"],
+        "kernel": kernel_path.kernel_kv_bytes(lens, page, per_token) * shape["layers"],
+        "gather": kernel_path.gathered_kv_bytes(padded, keys, per_token) * shape["layers"],
+    }
+    weights = shape["weight_bytes"] / chips
+    bandwidth = HBM_BANDWIDTH[published["chip"]]
+    roof = {k: round(requests * bandwidth / (weights + v), 1) for k, v in per_step.items()}
+    measured = published["output_tokens_per_second"]
+    return {
+        "published": dict(published),
+        "per_chip": {"weight_bytes": int(weights), "kv_bytes_per_decode_step": per_step},
+        "roofline_tokens_per_second": roof,
+        "at_decode_bandwidth_share": {k: round(v * DECODE_BANDWIDTH_SHARE, 1) for k, v in roof.items()},
+        "published_over_kernel_roofline": round(measured / roof["kernel"], 3),
+    }
+
+
 def workload(requests: int, max_prompt: int, max_new: int, seed: int = 0) -> list[tuple[int, int]]:
     """``requests`` deterministic ``(prompt_length, max_new_tokens)`` pairs, in mixed order."""
     rng = random.Random(seed)
@@ -249,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
     report: dict = {
         "decode_floor": decode_floor(),
+        "published_comparison": published_comparison(),
         "workload": {
             "requests": len(work),
             "prompt_lengths": [min(p for p, _ in work), max(p for p, _ in work)],

@@ -54,3 +54,32 @@ def test_the_decode_floor_reads_about_what_the_requests_hold():
     for chip in ("v5e", "v6e", "v5p", "TPU7x"):
         speeds = floor["tokens_per_second"][chip]
         assert speeds["held"] >= speeds["kernel"] > speeds["gather"]
+
+
+def test_vllms_published_figure_sits_under_the_roofline_of_its_workload():
+    bench = _load()
+    comparison = bench.published_comparison()
+    roof = comparison["roofline_tokens_per_second"]
+    assert roof["held"] >= roof["kernel"] > roof["gather"]
+    # a measured figure above a roofline would mean the roofline undercounts the bytes of a step
+    assert comparison["published"]["output_tokens_per_second"] < comparison["at_decode_bandwidth_share"]["kernel"]
+    assert 0.3 < comparison["published_over_kernel_roofline"] < 1
+    # per chip: an eighth of the weights and one key-value head of eight
+    assert comparison["per_chip"]["weight_bytes"] == bench.LLAMA_3_70B["weight_bytes"] // 8
+    one_chip = bench.published_comparison(dict(bench.VLLM_TPU_PUBLISHED, chips=1))
+    assert one_chip["per_chip"]["kv_bytes_per_decode_step"]["held"] == 8 * comparison["per_chip"]["kv_bytes_per_decode_step"]["held"]
+
+
+def test_the_readme_quotes_the_published_comparison():
+    comparison = _load().published_comparison()
+    readme = (BENCH.parent / "README.md").read_text()
+    rows = {"held (the floor)": "held", "JAX ragged paged attention kernel": "kernel", "plain-PyTorch `max_len` gather": "gather"}
+    table = readme[readme.index("| Llama-3.3-70B, v6e-8"):]
+    for label, key in rows.items():
+        cells = [c.strip() for c in next(line for line in table.splitlines() if line.startswith(f"| {label}")).strip("|").split("|")]
+        gb = comparison["per_chip"]["kv_bytes_per_decode_step"][key] / 1e9
+        assert cells[1] == f"{gb:.2f} GB", (label, cells)
+        assert cells[2] == f"{comparison['roofline_tokens_per_second'][key]:,.0f}", (label, cells)
+        assert cells[3] == f"{comparison['at_decode_bandwidth_share'][key]:,.0f}", (label, cells)
+    share = round(100 * comparison["published_over_kernel_roofline"])
+    assert f"**2,495** ({share}% of the kernel's roofline)" in table
