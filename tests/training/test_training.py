@@ -99,15 +99,18 @@ def test_warmup_compiles_every_bucket_before_the_first_step(simulated_tpu, cpu_r
 
 
 @requires_trainer
-def test_without_the_patches_the_trainer_cannot_train_on_tpu(simulated_tpu, tmp_path):
+def test_without_the_patches_the_trainer_trains_on_tpu_only_with_accelerate_1_16(simulated_tpu, tmp_path):
     """Accelerate up to 1.15 has no TPU in its device selection: without the patches the Trainer puts
     the model on the TPU and Accelerate its batches on the CPU. Accelerate 1.16 picks
     ``torch.accelerator``'s device itself: the patches then leave the device to it."""
     with patches_disabled(*TRAINING_PATCHES):
         run = trainer(str(tmp_path), use_cpu=False, max_steps=1)
         assert run.args.device.type == "tpu"
-        if _training.accelerate_finds_the_tpu():
+        if _training.accelerate_finds_the_tpu():  # docs/training.md: "Accelerate 1.16: trains on the chip"
             assert run.accelerator.device.type == "tpu"
+            run.train()
+            assert next(run.model.parameters()).device.type == "tpu"
+            assert run.state.log_history[-1]["train_loss"] > 0
             return
         assert run.accelerator.device.type == "cpu"
         with pytest.raises(RuntimeError, match="expected to be on tpu, got cpu"):
