@@ -44,9 +44,9 @@ def test_a_known_grpo_run_pads_prompts_to_a_rung_and_completions_to_their_maximu
     "changes, words",
     [
         ({"loss": library_loss(GRPO, version="1.16.0", options={"loss_type": "dapo", "use_liger_kernel": True})}, "Liger"),
-        ({"generation": "vllm"}, "vllm"),
+        ({"generation": "vllm"}, "vLLM"),
         ({"generation": "continuous_batching"}, "continuous batching"),
-        ({"generation": "rollout_func"}, "rollout func"),
+        ({"generation": "rollout_func"}, "rollout_func"),
         ({"tools": True}, "tools"),
         ({"vision": True}, "vision-language"),
         ({"aux_loss": True}, "auxiliary loss"),

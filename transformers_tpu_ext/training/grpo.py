@@ -51,6 +51,9 @@ __all__ = ["GRPOFacts", "GRPOPlan", "grpo_path", "prompt_length", "GENERATION_SO
 GENERATION_SOURCES = ("generate", "vllm", "continuous_batching", "rollout_func")
 
 
+_SOURCES = {"vllm": "vLLM", "continuous_batching": "continuous batching (generate_batch)", "rollout_func": "a rollout_func"}
+
+
 @dataclass(frozen=True)
 class GRPOFacts:
     """What the padding of a ``GRPOTrainer``'s batches depends on (read off the trainer by the glue).
@@ -97,7 +100,8 @@ def grpo_path(facts: GRPOFacts, *, ladder: Sequence[int], reuse: float = 1.5) ->
     if isinstance(facts.loss, str):
         return facts.loss
     if facts.generation != "generate":
-        return f"completions from {facts.generation.replace('_', ' ')}, not generate(): their lengths are not the plugin's"
+        source = _SOURCES.get(facts.generation, facts.generation)
+        return f"completions from {source}, not generate(): how they are made and padded was not read"
     if facts.tools:
         return "tools or environments: multi-turn completions (tool_mask) were not read"
     if facts.vision:
