@@ -31,7 +31,8 @@ def test_every_grpo_loss_type_of_trl_1_16_is_read(loss_type):
 
 def test_a_known_grpo_run_pads_prompts_to_a_rung_and_completions_to_their_maximum():
     plan = grpo.grpo_path(_facts(), ladder=LADDER)
-    assert plan == grpo.GRPOPlan(completion_length=256, max_new_tokens=256, ladder=LADDER)
+    assert plan == grpo.GRPOPlan(completion_length=256, max_new_tokens=256, ladder=LADDER, static_cache=True)
+    assert not grpo.grpo_path(_facts(cache_implementation="dynamic"), ladder=LADDER).static_cache  # yours: kept
     assert [grpo.prompt_length(n, plan, ()) for n in (1, 16, 17, 33, 50)] == [16, 16, 32, 48, 64]
     assert grpo.prompt_length(20, plan, {48}) == 48  # a used rung at most 1.5x longer: no new program
     assert grpo.prompt_length(20, plan, {64}) == 32

@@ -237,4 +237,5 @@ def grpo_facts(trainer: Any) -> Any:
         pad_to_multiple_of=multiple if isinstance(multiple, int) and not isinstance(multiple, bool) else None,
         causal_lm=causal_lm,
         lengths=facts.lengths,
+        cache_implementation=getattr(config, "cache_implementation", None),
     )

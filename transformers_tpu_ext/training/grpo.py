@@ -22,6 +22,11 @@ TPU, and the ops that follow ``generate()`` compile once per generated length. T
   (``kl``, ``entropy``, ``clip_ratio/*``) are masked the same way; the fused LM head scores the
   padding as label -100 (0). ``logits_to_keep`` is the padded completion length, so the prompt
   columns scored are exactly those of the unpadded run. No row is added (rewards are grouped by row).
+- **``generate()``** is asked for the static cache when no cache was asked for (TRL's generation config
+  says ``disable_compile=True``, which alone keeps Transformers' dynamic cache: a program per decode
+  length): the plugin's ``generate()`` then pads the prompts to its buckets and decodes at static
+  shapes, token-identical (docs/generation.md), still eager. ``GRPOConfig(cache_implementation=...)``
+  is respected.
 - **``generate()``'s output** is returned ``max_completion_length`` columns long, the pad token after a
   stop: TRL keeps each completion up to its first end-of-sequence token, so the columns after it are
   never read. Exact only when every stop is a token TRL cuts at: the generation config's
@@ -65,7 +70,8 @@ class GRPOFacts:
     load-balancing loss; ``top_entropy_quantile``; ``stop_tokens``: the generation config's
     end-of-sequence ids are all among TRL's (``eos_token_ids``); ``other_stops``: other reasons
     ``generate()`` stops (``stop_strings``, ``max_time``); ``max_completion_length``,
-    ``pad_to_multiple_of``; ``causal_lm``: a Transformers causal LM; ``lengths``: its rotary embeddings.
+    ``pad_to_multiple_of``; ``causal_lm``: a Transformers causal LM; ``lengths``: its rotary embeddings;
+    ``cache_implementation``: the generation config's (``GRPOConfig.cache_implementation``).
     """
 
     loss: LibraryLoss | str
@@ -80,19 +86,24 @@ class GRPOFacts:
     pad_to_multiple_of: int | None = None
     causal_lm: bool = True
     lengths: ModelLengths = field(default_factory=ModelLengths)
+    cache_implementation: str | None = None
 
 
 @dataclass(frozen=True)
 class GRPOPlan:
     """How a ``GRPOTrainer``'s batches are padded: prompts to a rung of ``ladder`` (reusing a used rung
     at most ``reuse`` times longer), rounded up to ``multiple``; completions and ``generate()``'s new
-    tokens to ``completion_length`` (``max_new_tokens``: what ``generate()`` is asked for)."""
+    tokens to ``completion_length`` (``max_new_tokens``: what ``generate()`` is asked for);
+    ``static_cache``: ``generate()`` is asked for the static cache (TRL asks for no cache and
+    ``disable_compile=True``, which the plugin's ``generate()`` leaves to Transformers' dynamic cache,
+    a program per generated length)."""
 
     completion_length: int
     max_new_tokens: int
     ladder: tuple[int, ...]
     reuse: float = 1.5
     multiple: int | None = None
+    static_cache: bool = False
 
 
 def grpo_path(facts: GRPOFacts, *, ladder: Sequence[int], reuse: float = 1.5) -> GRPOPlan | str:
@@ -126,7 +137,7 @@ def grpo_path(facts: GRPOFacts, *, ladder: Sequence[int], reuse: float = 1.5) ->
     multiple = facts.pad_to_multiple_of if facts.pad_to_multiple_of and facts.pad_to_multiple_of > 1 else None
     length = facts.max_completion_length
     completion = round_up(length, [multiple]) if multiple else length
-    return GRPOPlan(completion, length, tuple(ladder), reuse, multiple)
+    return GRPOPlan(completion, length, tuple(ladder), reuse, multiple, static_cache=facts.cache_implementation is None)
 
 
 def prompt_length(longest: int, plan: GRPOPlan, used: Collection[int]) -> int:

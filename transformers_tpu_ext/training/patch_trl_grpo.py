@@ -10,6 +10,9 @@ trainer, said once in the log when it is not):
 - TRL's ``pad`` (the name ``trl.trainer.grpo_trainer`` calls) pads left-padded prompts to a rung of
   the training ladder and right-padded completions to ``max_completion_length``, through its own
   ``pad_to_multiple_of`` (the rung is a multiple of itself: no copy of TRL's function);
+- ``GRPOTrainer._generate_single_turn``: TRL's generation config asks for the static cache when it asks
+  for none (its ``disable_compile=True`` alone gives Transformers' dynamic cache, a program per decode
+  length), restored after the call;
 - ``GenerationMixin.generate`` (the call TRL makes for its completions) returns
   ``max_completion_length`` new columns, the pad token after the stop, padded on the host (a
   transfer, no program). Outside a GRPO batch both wrappers call the original at once.
@@ -18,6 +21,7 @@ trainer, said once in the log when it is not):
 from __future__ import annotations
 
 import contextvars
+import copy
 from typing import Any, Callable
 
 from ..core.wrapping import Wraps, fail_safe, warn_once
@@ -70,13 +74,22 @@ def _generate_and_score_completions(wrapped: Callable[..., Any], instance: Any, 
 
 
 def _generate_single_turn(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    if _ACTIVE.get() is None:
+    """Wrapper for TRL's one ``generate()`` call: marked, and with the static cache when the plan says so."""
+    active = _ACTIVE.get()
+    if active is None:
         return wrapped(*args, **kwargs)
+    config = getattr(instance, "generation_config", None)
+    if active[0].static_cache and config is not None and getattr(config, "cache_implementation", None) is None:
+        static = copy.deepcopy(config)
+        static.cache_implementation = "static"  # the plugin's generate(): buckets and static shapes, still eager
+        instance.generation_config = static
     token = _GENERATING.set(True)
     try:
         return wrapped(*args, **kwargs)
     finally:
         _GENERATING.reset(token)
+        if config is not None:
+            instance.generation_config = config
 
 
 def _pad(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
