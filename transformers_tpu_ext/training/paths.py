@@ -303,6 +303,7 @@ GRPO_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("any `loss_type`, `beta`, `importance_sampling_level`, `entropy_coef`, `mask_truncated_completions`, with or "
      "without `peft_config`; a rotary model (Qwen, Llama, Gemma, Mistral, ...), `max_completion_length=256`", {}),
     ("the same with `pad_to_multiple_of=64`, `max_completion_length=100`", {"pad_to_multiple_of": 64, "max_completion_length": 100}),
+    ('`cache_implementation="dynamic"`', {"cache_implementation": "dynamic"}),
     ("`use_vllm=True`", {"generation": "vllm"}),
     ("`use_transformers_continuous_batching=True`", {"generation": "continuous_batching"}),
     ("a `rollout_func`", {"generation": "rollout_func"}),
@@ -329,10 +330,11 @@ def grpo_table(cases: Sequence[tuple[str, dict[str, Any]]] = GRPO_CASES) -> str:
             lines.append(f"| {what} | left as TRL makes it | {plan} |")
             continue
         rungs = ", ".join(str(n) for n in sorted({grpo.prompt_length(n, plan, ()) for n in (1, 17, 33, 49, 65, 97)})) + ", ..."
+        cache = "`generate()` with the static cache" if plan.static_cache else "`generate()` with your cache"
         lines.append(
             f"| {what} | prompts padded on the left to {rungs}; completions and `generate()`'s output to "
-            f"{plan.completion_length} | attention reads only relative positions (rotary, fixed frequencies); every loss "
-            "term and metric is masked by `completion_mask` |"
+            f"{plan.completion_length}; {cache} | attention reads only relative positions (rotary, fixed frequencies); "
+            "every loss term and metric is masked by `completion_mask` |"
         )
     return "\n".join(lines)
 
