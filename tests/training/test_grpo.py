@@ -201,3 +201,38 @@ def test_without_the_patch_every_new_length_compiles(simulated_tpu, tmp_path):
     with _training.patches_disabled("trl_grpo"):
         _, epochs = _grpo(tmp_path, simulated_tpu, use_cpu=False, cache_only=False)
     assert sum(epochs.steps[4:]) > 100, epochs.steps
+
+
+def test_trl_s_pad_is_asked_for_the_planned_lengths():
+    from trl.trainer.utils import pad
+
+    from transformers_tpu_ext.training import patch_trl_grpo
+
+    class Trainer:  # what the wrapper reads off the trainer: the prompt rungs it used
+        pass
+
+    plan = grpo.grpo_path(_facts(max_completion_length=24), ladder=LADDER)
+    rows = [torch.arange(1, 6), torch.arange(1, 3)]
+    token = patch_trl_grpo._ACTIVE.set((plan, Trainer()))
+    try:
+        prompts = patch_trl_grpo._pad(pad, None, (rows,), {"padding_value": 0, "padding_side": "left"})
+        completions = patch_trl_grpo._pad(pad, None, (rows, 0, "right"), {})
+    finally:
+        patch_trl_grpo._ACTIVE.reset(token)
+    assert prompts.shape == (2, 16) and prompts[1, -2:].tolist() == [1, 2] and (prompts[1, :-2] == 0).all()
+    assert completions.shape == (2, 24) and completions[0, :5].tolist() == [1, 2, 3, 4, 5] and (completions[0, 5:] == 0).all()
+    assert patch_trl_grpo._pad(pad, None, (rows,), {}).shape == (2, 5)  # outside a GRPO batch: TRL's own
+
+
+@pytest.mark.slow  # most of it is importing TRL's trainer and building it
+def test_a_run_the_predicate_does_not_know_is_left_alone_and_said_once(simulated_tpu, tmp_path, caplog):
+    from transformers_tpu_ext.training import patch_trl_grpo
+
+    _training.reset_accelerate()
+    save_tiny_model(tmp_path / "model")
+    config = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                            max_completion_length=8, report_to=[], bf16=False, top_entropy_quantile=0.5)
+    trainer = trl.GRPOTrainer(model=str(tmp_path / "model"), reward_funcs=_reward, args=config, train_dataset=_prompts(),
+                              processing_class=tiny_tokenizer())
+    assert patch_trl_grpo._plan(trainer) is None
+    assert any("top_entropy_quantile" in r.getMessage() for r in caplog.records)
