@@ -236,3 +236,16 @@ def test_a_run_the_predicate_does_not_know_is_left_alone_and_said_once(simulated
                               processing_class=tiny_tokenizer())
     assert patch_trl_grpo._plan(trainer) is None
     assert any("top_entropy_quantile" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_the_benchmark_s_quick_plugin_side(simulated_tpu):
+    """``benchmarks/bench_grpo.py --quick``'s plugin side, in this process: prompts of 3 to 30 words, early
+    stops; the last epoch compiles nothing and losses and rewards are the CPU's."""
+    import _bench
+    from pathlib import Path
+
+    bench = _bench.load(Path(__file__).resolve().parents[2] / "benchmarks" / "bench_grpo.py")
+    report = bench.worker("plugin", quick=True)
+    assert report["steps"] == 12 and report["programs_per_epoch"][-1] == 0, report
+    assert report["max_loss_diff_vs_cpu"] < TOLERANCE and report["max_reward_diff_vs_cpu"] < TOLERANCE
