@@ -165,32 +165,35 @@ def _check_like_cpu(cpu, tpu):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [False, True])
-def test_grpo_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, lora):
+@pytest.mark.parametrize("lora, stops", [(False, None), (True, None)], ids=["plain", "lora"])
+def test_grpo_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, lora, stops):
     from transformers_tpu_ext.training import patch_trl_grpo
 
-    cpu, _ = _grpo(tmp_path, simulated_tpu, use_cpu=True, lora=lora)
-    tpu, epochs = _grpo(tmp_path, simulated_tpu, use_cpu=False, lora=lora)
+    cpu, _ = _grpo(tmp_path, simulated_tpu, use_cpu=True, lora=lora, stops=stops)
+    tpu, epochs = _grpo(tmp_path, simulated_tpu, use_cpu=False, lora=lora, stops=stops)
     _check_like_cpu(cpu, tpu)
     plan = tpu.__dict__[patch_trl_grpo._PLAN]
-    assert plan is not None and plan.completion_length == 8
+    assert plan is not None and plan.completion_length == (12 if stops else 8)
+    if stops:  # completions of varying lengths: the completion padding is exercised too
+        assert len(set(_logged(cpu, "completions/mean_length"))) > 3
     assert tpu.__dict__[patch_trl_grpo._USED] <= {16, 32}  # prompts of 3 to 8 words, in one or two rungs
     assert len(epochs.steps) == 8 and sum(epochs.steps[4:]) == 0, epochs.steps  # cache-only did not raise either
     assert epochs.new == []
 
 
 @pytest.mark.slow
-def test_grpo_completions_that_stop_early_equal_cpu(simulated_tpu, tmp_path):
+@pytest.mark.parametrize("lora", [False, True])
+def test_grpo_completions_that_stop_early_equal_cpu(simulated_tpu, tmp_path, lora):
     """Completions that stop at an end-of-sequence token, at varying lengths: generate()'s output and
     the completions are padded to max_completion_length (the columns after the stop are never read)."""
     stops = list(range(40, 80))
-    cpu, _ = _grpo(tmp_path, simulated_tpu, use_cpu=True, stops=stops)
-    tpu, epochs = _grpo(tmp_path, simulated_tpu, use_cpu=False, stops=stops, cache_only=False)
+    cpu, _ = _grpo(tmp_path, simulated_tpu, use_cpu=True, stops=stops, lora=lora)
+    tpu, epochs = _grpo(tmp_path, simulated_tpu, use_cpu=False, stops=stops, lora=lora, cache_only=False)
     _check_like_cpu(cpu, tpu)
     assert len(set(_logged(cpu, "completions/mean_length"))) > 3  # the lengths vary
-    # TRL 1.16 logs completions/*_terminated_length over agg_completion_lengths[~is_truncated]: a 1-D
-    # tensor as long as the count of completions that stopped, a tiny program per count not seen
-    # before (mean, min, max). Nothing else compiles in the second epoch.
+    # TRL 1.16 indexes by a count on the device: eos_idx[is_eos.any(dim=1)] = ... (the completions that
+    # hold an end-of-sequence token) and completions/*_terminated_length over lengths[~is_truncated]:
+    # a tiny program per count not seen before. Nothing else compiles in the second epoch.
     counts = [key for _, key in epochs.new if "torch.Size([" in key and "," not in key.split("Size([")[1].split("])")[0]]
     assert len(counts) == len(epochs.new), [key[:160] for _, key in epochs.new if key not in counts]
 
