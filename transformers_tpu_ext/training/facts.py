@@ -226,7 +226,8 @@ def grpo_facts(trainer: Any) -> Any:
     multiple = getattr(trainer, "pad_to_multiple_of", None)
     return grpo.GRPOFacts(
         loss=known_loss(trainer),
-        max_completion_length=getattr(trainer, "max_completion_length", None),
+        # generate() makes at most the generation config's max_new_tokens (generation_kwargs may change it)
+        max_completion_length=getattr(config, "max_new_tokens", None) or getattr(trainer, "max_completion_length", None),
         generation=generation,
         tools=bool(getattr(trainer, "tools", None)) or getattr(trainer, "environment_factories", None) is not None,
         vision=bool(getattr(trainer, "_is_vlm", False)),

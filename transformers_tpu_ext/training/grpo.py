@@ -69,8 +69,9 @@ class GRPOFacts:
     ``vision``: a vision-language model (images, per-token ``token_type_ids``); ``aux_loss``: an MoE
     load-balancing loss; ``top_entropy_quantile``; ``stop_tokens``: the generation config's
     end-of-sequence ids are all among TRL's (``eos_token_ids``); ``other_stops``: other reasons
-    ``generate()`` stops (``stop_strings``, ``max_time``); ``max_completion_length``,
-    ``pad_to_multiple_of``; ``causal_lm``: a Transformers causal LM; ``lengths``: its rotary embeddings;
+    ``generate()`` stops (``stop_strings``, ``max_time``); ``max_completion_length``: the most tokens
+    ``generate()`` makes (its config's ``max_new_tokens``: TRL's ``max_completion_length`` unless
+    ``generation_kwargs`` changed it); ``pad_to_multiple_of``; ``causal_lm``: a Transformers causal LM; ``lengths``: its rotary embeddings;
     ``cache_implementation``: the generation config's (``GRPOConfig.cache_implementation``).
     """
 
