@@ -50,6 +50,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "recompile_guard_serve": "serving",
         "recompile_guard_train": "training",
         "pipeline_buckets": "inference",
+        "trl_grpo": "training",
     }
 )
 

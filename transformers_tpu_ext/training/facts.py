@@ -199,3 +199,44 @@ def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.So
         keeps_rows=known,
         neftune=getattr(args, "neftune_noise_alpha", None) is not None,
     )
+
+
+def grpo_facts(trainer: Any) -> Any:
+    """The :class:`~transformers_tpu_ext.training.grpo.GRPOFacts` of a TRL ``GRPOTrainer``."""
+    from . import grpo
+
+    args = trainer.args
+    if getattr(trainer, "use_vllm", False):
+        generation = "vllm"
+    elif getattr(trainer, "use_transformers_continuous_batching", False):
+        generation = "continuous_batching"
+    elif getattr(trainer, "rollout_func", None) is not None:
+        generation = "rollout_func"
+    else:
+        generation = "generate"
+    config = getattr(trainer, "generation_config", None)
+    stops = getattr(config, "eos_token_id", None)
+    stops = [] if stops is None else [stops] if isinstance(stops, int) else list(stops)
+    other = tuple(name for name in ("stop_strings", "max_time") if getattr(config, name, None) is not None)
+    base = unwrap(trainer.model)
+    facts = model_facts(trainer.model)
+    from transformers.models.auto import modeling_auto as auto
+
+    causal_lm = facts.known and facts.causal and type(base).__name__ in _names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    multiple = getattr(trainer, "pad_to_multiple_of", None)
+    return grpo.GRPOFacts(
+        loss=known_loss(trainer),
+        # generate() makes at most the generation config's max_new_tokens (generation_kwargs may change it)
+        max_completion_length=getattr(config, "max_new_tokens", None) or getattr(trainer, "max_completion_length", None),
+        generation=generation,
+        tools=bool(getattr(trainer, "tools", None)) or getattr(trainer, "environment_factories", None) is not None,
+        vision=bool(getattr(trainer, "_is_vlm", False)),
+        aux_loss=bool(getattr(trainer, "aux_loss_enabled", False)),
+        top_entropy_quantile=float(getattr(trainer, "top_entropy_quantile", getattr(args, "top_entropy_quantile", 1.0))),
+        stop_tokens=set(stops) <= set(getattr(trainer, "eos_token_ids", None) or ()),
+        other_stops=other,
+        pad_to_multiple_of=multiple if isinstance(multiple, int) and not isinstance(multiple, bool) else None,
+        causal_lm=causal_lm,
+        lengths=facts.lengths,
+        cache_implementation=getattr(config, "cache_implementation", None),
+    )

@@ -23,6 +23,10 @@ What each known loss reads (TRL 1.16, read in its source and checked against the
   ``use_weighting``): per-sequence sums of log-probabilities over ``completion_mask`` (0 on the
   padding), and their counts; the first half of the rows are the chosen answers, the second half the
   rejected ones, so no row is added.
+- ``GRPOTrainer`` (every ``loss_type`` of TRL 1.16): per-token terms times ``completion_mask`` (0 on the
+  padding), summed and divided by a count of that mask, a constant or ``num_items_in_batch``; its
+  batches are built by the trainer, not a collator, so they are padded by the ``trl_grpo`` patch where
+  :func:`transformers_tpu_ext.training.grpo.grpo_path` allows it (more in that module).
 
 A ``compute_loss_func``, Liger kernels, or a version outside the range below is a loss of your own again.
 """
@@ -61,6 +65,11 @@ KNOWN_LOSSES: dict[str, LibraryLoss] = {
         LibraryLoss(
             "trl.trainer.dpo_trainer.DPOTrainer", "TRL's DPO loss", "loss_type", frozenset({"sigmoid", "hinge", "ipo", "sft"}),
             "log-probabilities summed over completion_mask; chosen and rejected answers are the two halves of the rows",
+        ),
+        LibraryLoss(
+            "trl.trainer.grpo_trainer.GRPOTrainer", "TRL's GRPO loss", "loss_type",
+            frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}),
+            "per-token terms times completion_mask, divided by a count of that mask, a constant or num_items_in_batch",
         ),
     )
 }

@@ -17,12 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import dataclasses
+
 from . import buckets as batch_buckets
+from . import grpo, losses
 from . import policy as training_policy
 from ..core.length_readers import ModelLengths, Rotary
 from .buckets import ModelFacts, SourceFacts
 
-__all__ = ["BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
+__all__ = ["GRPO_CASES", "grpo_table", "BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
 
 _LADDER = batch_buckets.sequence_ladder()
 _BATCH = 4
@@ -290,7 +293,53 @@ def optimizer_table(cases: Sequence[OptimizerCase] = OPTIMIZER_CASES) -> str:
     return "\n".join(lines)
 
 
-_TABLES = {"training-batches": batch_table, "training-optimizers": optimizer_table}
+_GRPO_BASE = grpo.GRPOFacts(
+    loss=losses.KNOWN_LOSSES["trl.trainer.grpo_trainer.GRPOTrainer"], max_completion_length=256,
+    lengths=ModelLengths((Rotary("default"),)),
+)
+
+#: TRL ``GRPOTrainer`` runs: what the user configured, and the facts :func:`grpo.grpo_path` reads.
+GRPO_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("any `loss_type`, `beta`, `importance_sampling_level`, `entropy_coef`, `mask_truncated_completions`, with or "
+     "without `peft_config`; a rotary model (Qwen, Llama, Gemma, Mistral, ...), `max_completion_length=256`", {}),
+    ("the same with `pad_to_multiple_of=64`, `max_completion_length=100`", {"pad_to_multiple_of": 64, "max_completion_length": 100}),
+    ('`cache_implementation="dynamic"`', {"cache_implementation": "dynamic"}),
+    ("`use_vllm=True`", {"generation": "vllm"}),
+    ("`use_transformers_continuous_batching=True`", {"generation": "continuous_batching"}),
+    ("a `rollout_func`", {"generation": "rollout_func"}),
+    ("`tools` or `environment_factory`", {"tools": True}),
+    ("a vision-language model", {"vision": True}),
+    ("an MoE model with `output_router_logits=True`", {"aux_loss": True}),
+    ("`top_entropy_quantile=0.2`", {"top_entropy_quantile": 0.2}),
+    ("GPT-2 or another model with a position table", {"lengths": ModelLengths()}),
+    ("dynamic NTK RoPE or LongRoPE (Phi-3.5)", {"lengths": ModelLengths((Rotary("longrope", 4096),))}),
+    ('`generation_kwargs={"stop_strings": [...]}`', {"other_stops": ("stop_strings",)}),
+    ('`generation_kwargs={"eos_token_id": ...}` with ids the tokenizer and model do not end on', {"stop_tokens": False}),
+    ("`use_liger_kernel=True` (or a `compute_loss_func`)", {
+        "loss": losses.library_loss("trl.trainer.grpo_trainer.GRPOTrainer", version="1.16.0",
+                                    options={"loss_type": "dapo", "use_liger_kernel": True})}),
+)
+
+
+def grpo_table(cases: Sequence[tuple[str, dict[str, Any]]] = GRPO_CASES) -> str:
+    """The markdown table of which ``GRPOTrainer`` runs are padded on TPU."""
+    lines = ["| your `GRPOTrainer` run | on TPU | why |", "|---|---|---|"]
+    for what, changes in cases:
+        plan = grpo.grpo_path(dataclasses.replace(_GRPO_BASE, **changes), ladder=_LADDER)
+        if isinstance(plan, str):
+            lines.append(f"| {what} | left as TRL makes it | {plan} |")
+            continue
+        rungs = ", ".join(str(n) for n in sorted({grpo.prompt_length(n, plan, ()) for n in (1, 17, 33, 49, 65, 97)})) + ", ..."
+        cache = "`generate()` with the static cache" if plan.static_cache else "`generate()` with your cache"
+        lines.append(
+            f"| {what} | prompts padded on the left to {rungs}; completions and `generate()`'s output to "
+            f"{plan.completion_length}; {cache} | attention reads only relative positions (rotary, fixed frequencies); "
+            "every loss term and metric is masked by `completion_mask` |"
+        )
+    return "\n".join(lines)
+
+
+_TABLES = {"training-batches": batch_table, "training-optimizers": optimizer_table, "training-grpo": grpo_table}
 
 
 def render_blocks(text: str, tables: Mapping[str, Callable[[], str]]) -> str:
