@@ -56,7 +56,9 @@ with warnings.catch_warnings(record=True) as caught:
     import transformers_tpu_ext as ext
     from transformers_tpu_ext import backend, registry
     for name in registry.REGISTRY:
-        importlib.import_module(importlib.import_module(registry.module_name(name)).TARGET)
+        target = importlib.import_module(registry.module_name(name)).TARGET
+        if registry.installed(target):  # TRL's patch waits when the trl extra is absent
+            importlib.import_module(target)
     from transformers_tpu_ext.testing import tiny
     path = sys.argv[1]
     model = AutoModelForCausalLM.from_pretrained(path, device_map="auto")

@@ -17,10 +17,11 @@ its capability's folder plus one line below. Patches are armed, and reverted in 
 
 from __future__ import annotations
 
+import importlib.util
 from types import MappingProxyType
 from typing import Mapping
 
-__all__ = ["CAPABILITIES", "PATCHES", "REGISTRY", "capability", "module_name"]
+__all__ = ["CAPABILITIES", "PATCHES", "REGISTRY", "capability", "installed", "module_name"]
 
 #: Patch name -> capability (the subpackage holding the patch and the decisions it applies).
 PATCHES: Mapping[str, str] = MappingProxyType(
@@ -72,3 +73,9 @@ def capability(name: str) -> str:
 def module_name(name: str) -> str:
     """The dotted name of the module implementing the patch ``name``."""
     return f"{__package__}.{PATCHES[name]}.patch_{name}"
+
+
+def installed(target: str) -> bool:
+    """Whether the distribution of the dotted module ``target`` is installed (TRL is an optional extra: a
+    patch whose target is TRL's waits for an import that never comes when TRL is absent)."""
+    return importlib.util.find_spec(target.partition(".")[0]) is not None

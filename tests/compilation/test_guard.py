@@ -107,3 +107,14 @@ def test_the_message_says_what_compiled_the_call_the_advice_and_how_to_silence_i
     assert "after its warm-up: a batch of 1. Do this" in text and "TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE=ignore" in text
     assert guard.programs_text(1, None) == "1 new program"
     assert "in steady state" in guard.message("train", "x", "y", "z", "settle", "error")
+
+
+def test_the_training_guard_describes_a_batch_of_tensors_and_a_trainers_own_examples():
+    torch = pytest.importorskip("torch")
+    from transformers_tpu_ext.training.patch_recompile_guard_train import _facts
+
+    batch = _facts({"input_ids": torch.zeros(4, 48, dtype=torch.long), "labels": torch.zeros(4, 48, dtype=torch.long)}, {})
+    assert batch.call == "a batch of input_ids 4x48, labels 4x48" and "48" in batch.advice
+    # TRL's GRPOTrainer hands training_step the dataset's examples; describing them must not fail
+    examples = _facts([{"prompt": "a"}, {"prompt": "b"}], {})
+    assert examples.call == "a batch of 2 examples" and "GRPOTrainer" in examples.advice

@@ -281,3 +281,10 @@ def test_a_patch_module_that_fails_to_import_is_skipped_alone(registry, tmp_path
     assert "failed to import" in activation.skipped_patches()["unimportable"]
     assert sum("'unimportable' skipped" in str(w.message) for w in caught) == 1
     assert module.greet("a") == "HELLO A"
+
+
+def test_a_patch_whose_library_is_not_installed_is_known_as_such():
+    from transformers_tpu_ext import registry
+
+    assert registry.installed("transformers.trainer") and registry.installed("accelerate")
+    assert not registry.installed("no_such_library_of_tpu_ext.trainer")  # TRL's patch when the trl extra is absent

@@ -165,7 +165,7 @@ def _capped_simulated_hbm(total_memory: int) -> int | None:
 
 def _patches() -> dict[str, Any]:
     import transformers_tpu_ext as plugin
-    from ..registry import REGISTRY, module_name
+    from ..registry import REGISTRY, installed, module_name
 
     errors: dict[str, str] = {}
     # Import each target so its post-import hook (and version gate) runs in this process.
@@ -175,7 +175,10 @@ def _patches() -> dict[str, Any]:
         for name in REGISTRY:
             try:
                 target = importlib.import_module(module_name(name)).TARGET
-                importlib.import_module(target)
+                if installed(target):
+                    importlib.import_module(target)
+                else:
+                    errors[name] = f"{target.partition('.')[0]} is not installed (the patch applies once it is)"
             except Exception as error:  # noqa: BLE001
                 errors[name] = f"target not importable ({type(error).__name__}: {error})"
             progress.step(f"imported the target of {name}")

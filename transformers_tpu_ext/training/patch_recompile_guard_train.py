@@ -39,7 +39,14 @@ def _training_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
 
 
 def _facts(inputs: Any, covered: Mapping[str, Any]) -> recompile.CallFacts:
-    shapes = {k: tuple(v.shape) for k, v in dict(inputs or {}).items() if hasattr(v, "shape")}
+    # A mapping of tensors (a collated batch), or a trainer's own inputs: TRL's GRPOTrainer passes the raw
+    # examples (a list of dicts) and builds its tensors inside training_step.
+    batch = inputs if isinstance(inputs, Mapping) else {}
+    shapes = {k: tuple(v.shape) for k, v in batch.items() if hasattr(v, "shape")}
+    if not shapes and isinstance(inputs, (list, tuple)):
+        advice = ("The trainer builds its tensors from these examples itself (TRL's GRPOTrainer: docs/training.md, "
+                  "\"GRPOTrainer\", says which of its shapes are planned and which still compile)")
+        return recompile.CallFacts(call=f"a batch of {len(inputs)} examples", advice=advice, signature=(("examples", len(inputs)),))
     main = shapes.get("input_ids") or next((s for s in shapes.values() if len(s) >= 2), None)
     rows = main[0] if main else 0
     length = main[1] if main and len(main) >= 2 else None
