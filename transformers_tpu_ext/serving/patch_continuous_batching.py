@@ -41,6 +41,7 @@ from typing import Any
 from . import policy as serving
 from .plan import plan_of as _plan_of
 from . import sampling
+from . import tensor_parallel
 from . import wrap_attention as attention
 from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
@@ -158,13 +159,27 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
     from ..generation.static_cache import text_layer_types
 
     return serving.ServeFacts(
-        tensor_parallel=getattr(model, "_device_mesh", None) is not None,
+        tp=_tp_facts(model),
         encoder_decoder=bool(model.config.is_encoder_decoder),
         attention=attention.user_attention(model),
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
     )
+
+
+def _tp_facts(model: Any) -> serving.TPFacts:
+    """The model's tensor parallelism as upstream's manager sees it (its ``DistributedHelper``'s TP mesh)."""
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    from ..parallelism.heads import head_counts
+
+    mesh = DistributedHelper.extract_tp_mesh(getattr(model, "_device_mesh", None))
+    if mesh is None:
+        return serving.TPFacts()
+    heads, kv_heads = head_counts(model.config) or (0, 0)
+    styles = tensor_parallel.attention_styles(dict(getattr(model, "tp_plan", None) or {}))
+    return serving.TPFacts(tp_size=int(mesh.size()), heads=heads, kv_heads=kv_heads, attention=styles)
 
 
 def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -222,7 +237,9 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
     from . import ragged
 
-    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
+    facts = _serve_facts(init.model)
+    local = tensor_parallel.local_heads(facts.tp) if facts.tp.tp_size > 1 else None  # each rank's own heads
+    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local)
     resolved.tpu_plan = plan
 
 

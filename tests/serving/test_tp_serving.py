@@ -1,0 +1,74 @@
+"""Tensor-parallel continuous batching on simulated TPU chips (``serving.tensor_parallel``).
+
+Two launches under ``transformers-tpu launch`` (the simulated TPU, each rank on its own chip, ``tpu_dist``):
+a context-sensitive tiny Qwen3 (8 query, 4 key-value heads) on 4 chips with the plain-PyTorch paged
+attention (head size 8), and one of head size 128 on 2 chips with JAX's ragged paged attention kernel
+(skipped without JAX). On every rank (``tests/serving/tp_serving_worker.py``): the manager takes the TPU
+path, its paged cache holds the rank's own key-value heads, mixed-length prompts (one prefilled in
+chunks beside decodes) give the greedy tokens of plain single-process CPU Transformers, and nothing
+compiles after the warm-up (cache-only mode). Without this path the manager ran Transformers' own,
+which sizes its cache from host RAM on a TPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("tp_serving_worker.py")
+ENV = {
+    "TRANSFORMERS_TPU_EXT_SIMULATE": "generation=v5p",  # v5p topologies: 1, 2, 4, 8 chips per host
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS": "16"  # one step shape (16 tokens, 8 requests) to warm up,
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS": "8",
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN": "128",
+    "TRANSFORMERS_TPU_EXT_SERVE_PAGE_SIZE": "8",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONWARNINGS": "ignore",
+    # JAX's CPU backend compiles the kernel's reference per shape: unoptimized, several times faster, same results
+    "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+}
+
+
+def _launch(tmp_path: Path, nproc: int, **config) -> list[dict]:
+    from transformers_tpu_ext.testing.tiny import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model", "qwen3", seed=0, **config)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    env.update(ENV)
+    command = [sys.executable, "-m", "transformers_tpu_ext.launch", f"--nproc_per_node={nproc}", str(WORKER)]
+    proc = subprocess.run([*command, str(model), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def _served_like_cpu(results: list[dict], attention: str, kv_heads: int) -> None:
+    for rank, result in enumerate(results):
+        assert result["device"] == "tpu:0", rank
+        assert result["attention"] == attention, rank
+        assert result["kv_heads"] == kv_heads, rank  # the rank's own heads, not the model's
+        assert result["tokens"] == result["expected"], rank
+        assert result["programs"] == 0, rank  # and cache-only mode raised on none
+
+
+def test_four_chips_serve_the_tokens_of_plain_cpu_transformers(tmp_path):
+    results = _launch(tmp_path, 4, num_attention_heads=8, num_key_value_heads=4, head_dim=8)
+    _served_like_cpu(results, "paged", kv_heads=1)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="the kernel path needs JAX (transformers-tpu-ext[jax])"
+)
+def test_two_chips_run_the_ragged_kernel_on_their_own_heads(tmp_path):
+    results = _launch(tmp_path, 2, num_attention_heads=4, num_key_value_heads=2, head_dim=128, num_hidden_layers=1)
+    _served_like_cpu(results, "ragged", kv_heads=1)
