@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("tp_serving_worker.py")
 ENV = {
     "TRANSFORMERS_TPU_EXT_SIMULATE": "generation=v5p",  # v5p topologies: 1, 2, 4, 8 chips per host
-    "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS": "16"  # one step shape (16 tokens, 8 requests) to warm up,
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS": "16",  # one step shape (16 tokens, 8 requests) to warm up,
     "TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS": "8",
     "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN": "128",
     "TRANSFORMERS_TPU_EXT_SERVE_PAGE_SIZE": "8",
