@@ -112,6 +112,43 @@ def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small
 
 
 
+def test_requests_added_before_the_cache_exists_get_the_same_pool_check(small_steps, monkeypatch, caplog):
+    """Added before ``start()`` (no cache, no pool yet): the 100-token prompt fails alone, with the message
+    ``add_request`` gives once the pool is known; the 62-token one is lowered to 2 new tokens; the others are
+    served. (Transformers would fail all four: "No requests can be scheduled and no requests can be offloaded.")"""
+    import logging
+
+    from transformers import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.requests import RequestStatus
+
+    from transformers_tpu_ext.core import wrapping
+
+    monkeypatch.setattr(wrapping, "_warned", set())  # the lowering's warning, said once per process
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN", "128")
+    long_prompt, near_full = list(range(3, 103)), list(range(100, 162))
+    model = tiny.tiny_model("qwen3", seed=0).to("tpu")
+    config = ContinuousBatchingConfig(num_blocks=4, page_size=16)
+    manager = model.init_continuous_batching(generation_config=_config(), continuous_batching_config=config)
+    prompts = [PROMPTS[0], long_prompt, near_full, PROMPTS[1]]
+    ids = [manager.add_request(p, max_new_tokens=NEW) for p in prompts]  # before the cache: nothing refused yet
+    assert manager.batch_processor is None
+    with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
+        manager.start()
+        try:
+            results = {r.request_id: r for r in (manager.get_result(timeout=120) for _ in ids)}
+        finally:
+            manager.stop(block=True)
+    first, refused, lowered, last = (results[i] for i in ids)
+    assert refused.status == RequestStatus.FAILED
+    assert "100 tokens; the TPU paged KV cache holds 64 tokens in all (4 pages of 16" in refused.error
+    assert any("lowered to fit the TPU paged KV cache (64 tokens" in r.getMessage() for r in caplog.records)
+    assert [first.error, lowered.error, last.error] == [None, None, None]
+    cpu = _cpu([PROMPTS[0], near_full, PROMPTS[1]])
+    assert first.generated_tokens == cpu[0].generated_tokens
+    assert lowered.generated_tokens == cpu[1].generated_tokens[:2]
+    assert last.generated_tokens == cpu[2].generated_tokens
+
+
 @pytest.mark.slow
 def test_generate_batch_fails_only_the_request_longer_than_the_pool(small_steps):
     from transformers import ContinuousBatchingConfig

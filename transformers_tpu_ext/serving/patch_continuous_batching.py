@@ -26,7 +26,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length, or than the paged
   cache's whole pool (``serving.pool``), is refused early (within ``add_requests``, ``generate_batch``:
-  delivered as a failed result, the others served).
+  delivered as a failed result, the others served); ``Scheduler.add_waiting_request``: the same pool
+  check for a request added before the cache existed (it fails alone).
 
 The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transformers_tpu_ext.serving.policy``.
 """
@@ -95,6 +96,8 @@ def apply(module: Any) -> None:
     _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    scheduler = sys.modules["transformers.generation.continuous_batching.scheduler"]
+    _wraps.wrap(scheduler.Scheduler, "add_waiting_request", requests.add_waiting_request)
     allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
     _wraps.wrap(allocators.CacheAllocator, "copy_blocks", _copy_blocks)
     handler = cache_module.PagedAttentionMemoryHandler
@@ -298,6 +301,7 @@ def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         _activations.reset(tokens[1])
     if activations is not None:
         _runtime().add_int8_scales(instance)
+    requests.mark_cache(instance, plan)
     return result
 
 
