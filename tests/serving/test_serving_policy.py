@@ -203,7 +203,8 @@ def _tp(tp_size: int, heads: int, kv_heads: int, plan: dict) -> serving.TPFacts:
 
 
 def test_a_head_sharded_model_serves_on_tpu_with_its_own_heads_per_chip():
-    plan = {**_HEAD_SHARDED, "model.layers.*.mlp.gate_proj": "colwise", "lm_head": "colwise_gather_output"}
+    plan = {**_HEAD_SHARDED, "model.layers.*.mlp.gate_proj": "colwise", "lm_head": "colwise_gather_output",
+            "model.layers.*.self_attn.q_norm": "replicated_with_grad_allreduce"}  # Qwen3's per-head norms
     for tp, local in ((2, (16, 4)), (4, (8, 2)), (8, (4, 1))):
         facts = _tp(tp, 32, 8, plan)
         assert serving.paged_path(serving.ServeFacts(tp=facts))[0]
@@ -222,6 +223,8 @@ def test_a_sharded_model_the_tpu_step_would_not_compute_exactly_stays_unpatched_
         "q_proj not sharded": _tp(2, 8, 4, {"model.layers.*.mlp.up_proj": "colwise"}),
         "6 query heads do not divide over tp_size=4": _tp(4, 6, 6, _HEAD_SHARDED),
         "2 key-value heads do not divide over tp_size=4": _tp(4, 8, 2, _HEAD_SHARDED),
+        "more of the attention than its heads (sinks local_rowwise)": _tp(
+            2, 8, 4, {**_HEAD_SHARDED, "model.layers.*.self_attn.sinks": "local_rowwise"}),
         "different styles": _tp(2, 8, 4, {**_HEAD_SHARDED, "model.vision.layers.*.self_attn.q_proj": "replicate"}),
     }
     for reason, facts in cases.items():

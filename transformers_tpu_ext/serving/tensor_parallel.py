@@ -20,11 +20,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["HEAD_SHARDED", "TPFacts", "attention_styles", "local_heads", "path_table", "tp_path"]
+__all__ = ["HEAD_SHARDED", "REPLICATED_NORMS", "TPFacts", "attention_styles", "local_heads", "path_table", "tp_path"]
 
 #: The attention rules of a head-sharded plan (Transformers' default ``base_model_tp_plan`` of Llama,
 #: Qwen, Mistral, Gemma...): each rank computes whole heads, the output projection sums them.
 HEAD_SHARDED: Mapping[str, str] = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
+#: Other attention rules a head-sharded plan may hold: per-head norms (Qwen3, Gemma 3), whole on every rank.
+REPLICATED_NORMS: Mapping[str, frozenset[str]] = dict.fromkeys(
+    ("q_norm", "k_norm"), frozenset({"replicate", "replicated_with_grad_allreduce"})
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ def tp_path(facts: TPFacts) -> tuple[bool, str]:
             f"the tp_plan's attention is not sharded by heads ({shown}; TPU serving takes q/k/v_proj colwise, "
             "o_proj rowwise)"
         )
+    others = sorted(f"{name} {style}" for name, style in rules.items()
+                    if name not in HEAD_SHARDED and style not in REPLICATED_NORMS.get(name, ()))
+    if others:
+        return False, f"the tp_plan shards more of the attention than its heads ({', '.join(others)})"
     if not facts.heads or facts.heads % tp:
         return False, f"{facts.heads} query heads do not divide over tp_size={tp}"
     if not facts.kv_heads or facts.kv_heads % tp:
@@ -86,7 +94,7 @@ def local_heads(facts: TPFacts) -> tuple[int, int]:
 BEGIN = "<!-- generated: transformers_tpu_ext.serving.tensor_parallel.path_table() -->"
 END = "<!-- end of generated table -->"
 
-_DEFAULT = tuple(sorted(HEAD_SHARDED.items()))
+_DEFAULT = tuple(sorted({**HEAD_SHARDED, "q_norm": "replicated_with_grad_allreduce"}.items()))
 _CASES: tuple[tuple[str, TPFacts], ...] = (
     ("Llama 3 8B (32 query, 8 key-value heads), Transformers' plan, `tp_size=4`", TPFacts(4, 32, 8, _DEFAULT)),
     ("Qwen3-0.6B (16 query, 8 key-value heads), `tp_size=8`", TPFacts(8, 16, 8, _DEFAULT)),
