@@ -214,15 +214,31 @@ def test_a_head_sharded_model_serves_on_tpu_with_its_own_heads_per_chip():
     assert tensor_parallel.local_heads(serving.TPFacts(heads=4, kv_heads=2)) == (4, 2)
 
 
+def test_the_plan_rewrites_serve_on_tpu_with_the_heads_each_rank_holds():
+    replicated_kv = {**_HEAD_SHARDED, "model.layers.*.self_attn.k_proj": "kv_replicated_colwise",
+                     "model.layers.*.self_attn.v_proj": "kv_replicated_colwise"}
+    glm = _tp(4, 8, 2, replicated_kv)  # 2 KV heads on 4 chips: each replicated on 2
+    assert tensor_parallel.tp_path(glm)[0] and tensor_parallel.layout(glm) == "kv_replicated"
+    assert tensor_parallel.local_heads(glm) == (2, 1) and tensor_parallel.kv_split(glm) == 2
+    mqa = _tp(2, 4, 1, replicated_kv)
+    assert tensor_parallel.local_heads(mqa) == (2, 1) and tensor_parallel.kv_split(mqa) == 1
+    whole = _tp(2, 6, 3, dict.fromkeys(_HEAD_SHARDED, "replicate"))  # 3 KV heads on 2 chips
+    assert tensor_parallel.tp_path(whole)[0] and tensor_parallel.layout(whole) == "replicated"
+    assert tensor_parallel.local_heads(whole) == (6, 3) and tensor_parallel.kv_split(whole) == 1
+    sharded = _tp(4, 32, 8, _HEAD_SHARDED)
+    assert tensor_parallel.kv_split(sharded) == 4  # what Transformers' own cache divides by
+
+
 def test_a_sharded_model_the_tpu_step_would_not_compute_exactly_stays_unpatched_with_its_reason():
     replicated_kv = {**_HEAD_SHARDED, "model.layers.*.self_attn.k_proj": "kv_replicated_colwise",
                      "model.layers.*.self_attn.v_proj": "kv_replicated_colwise"}
     cases = {
-        "k_proj kv_replicated_colwise": _tp(4, 8, 2, replicated_kv),  # the plan rewrite for 2 KV heads on 4 chips
-        "q_proj replicate": _tp(2, 6, 3, dict.fromkeys(_HEAD_SHARDED, "replicate")),
+        "k_proj replicate": _tp(2, 8, 4, {**_HEAD_SHARDED, "model.layers.*.self_attn.k_proj": "replicate",
+                                          "model.layers.*.self_attn.v_proj": "replicate"}),
         "q_proj not sharded": _tp(2, 8, 4, {"model.layers.*.mlp.up_proj": "colwise"}),
         "6 query heads do not divide over tp_size=4": _tp(4, 6, 6, _HEAD_SHARDED),
         "2 key-value heads do not divide over tp_size=4": _tp(4, 8, 2, _HEAD_SHARDED),
+        "3 key-value heads cannot be replicated over tp_size=4": _tp(4, 12, 3, replicated_kv),
         "more of the attention than its heads (sinks local_rowwise)": _tp(
             2, 8, 4, {**_HEAD_SHARDED, "model.layers.*.self_attn.sinks": "local_rowwise"}),
         "different styles": _tp(2, 8, 4, {**_HEAD_SHARDED, "model.vision.layers.*.self_attn.q_proj": "replicate"}),

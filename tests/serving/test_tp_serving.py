@@ -1,8 +1,9 @@
 """Tensor-parallel continuous batching on simulated TPU chips (``serving.tensor_parallel``).
 
 Two launches under ``transformers-tpu launch`` (the simulated TPU, each rank on its own chip, ``tpu_dist``):
-a context-sensitive tiny Qwen3 (8 query, 4 key-value heads) on 4 chips with the plain-PyTorch paged
-attention (head size 8), and one of head size 128 on 2 chips with JAX's ragged paged attention kernel
+a context-sensitive tiny Qwen3 of GLM-4's shape (8 query, 2 key-value heads) on 4 chips, its key-value
+heads replicated by the plan rewrite, with the plain-PyTorch paged attention (head size 8), and one of
+head size 128 sharded by Transformers' plan on 2 chips with JAX's ragged paged attention kernel
 (skipped without JAX). On every rank (``tests/serving/tp_serving_worker.py``): the manager takes the TPU
 path, its paged cache holds the rank's own key-value heads, mixed-length prompts (one prefilled in
 chunks beside decodes) give the greedy tokens of plain single-process CPU Transformers, and nothing
@@ -61,14 +62,19 @@ def _served_like_cpu(results: list[dict], attention: str, kv_heads: int) -> None
         assert result["programs"] == 0, rank  # and cache-only mode raised on none
 
 
-def test_four_chips_serve_the_tokens_of_plain_cpu_transformers(tmp_path):
-    results = _launch(tmp_path, 4, num_attention_heads=8, num_key_value_heads=4, head_dim=8)
+def test_four_chips_serve_the_tokens_of_plain_cpu_transformers_with_replicated_kv_heads(tmp_path):
+    # GLM-4's shape: 2 key-value heads on 4 chips, each replicated on 2 (the tp_plan_rewrite patch's plan;
+    # Transformers' own manager refuses it: "Number of key value heads 2 must be divisible by ... 4").
+    results = _launch(tmp_path, 4, num_attention_heads=8, num_key_value_heads=2, head_dim=8)
     _served_like_cpu(results, "paged", kv_heads=1)
+    assert {result["k_proj"] for result in results} == {"kv_replicated_colwise"}
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="the kernel path needs JAX (transformers-tpu-ext[jax])"
 )
 def test_two_chips_run_the_ragged_kernel_on_their_own_heads(tmp_path):
+    # Transformers' plan: query and key-value heads sharded (2 query heads and 1 key-value head per chip).
     results = _launch(tmp_path, 2, num_attention_heads=4, num_key_value_heads=2, head_dim=128, num_hidden_layers=1)
     _served_like_cpu(results, "ragged", kv_heads=1)
+    assert {result["k_proj"] for result in results} == {"colwise"}

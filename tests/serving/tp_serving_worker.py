@@ -62,6 +62,7 @@ def main(path: str, out: str) -> None:
         "attention": plan.attention,
         "kv_heads": allocator.num_key_value_heads,
         "shapes": len(plan.shapes),
+        "k_proj": model.tp_plan.get("model.layers.*.self_attn.k_proj"),
     }
     manager.stop(block=True)
     manager.destroy()

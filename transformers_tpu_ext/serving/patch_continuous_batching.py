@@ -241,7 +241,9 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     from . import ragged
 
     facts = _serve_facts(init.model)
-    local = tensor_parallel.local_heads(facts.tp) if facts.tp.tp_size > 1 else None  # each rank's own heads
+    local = None
+    if facts.tp.tp_size > 1:  # each rank's own heads (serving.tensor_parallel)
+        local, plan.kv_head_split = tensor_parallel.local_heads(facts.tp), tensor_parallel.kv_split(facts.tp)
     plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local)
     resolved.tpu_plan = plan
 
@@ -293,6 +295,8 @@ def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     activations = None
     if plan.kv_cache == "int8":  # upstream's allocators lay out int8 pages (bytes per page halve from bf16)
         args, kwargs, activations = _runtime().int8_pages(args, kwargs)
+    if plan.kv_head_split is not None:  # one rank's key-value heads, whatever the plan's layout
+        args, kwargs = _runtime().local_kv_heads(args, kwargs, plan.kv_head_split)
     tokens = _one_group.set(True), _activations.set(activations)
     try:
         result = wrapped(*args, **kwargs)

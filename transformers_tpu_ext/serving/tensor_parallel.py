@@ -9,10 +9,20 @@ requests in the same order; the paged cache of each rank holds the key-value hea
 row-wise ``o_proj`` sums the ranks' heads.
 
 On the TPU path each rank's step is the one-chip step on its local heads: the paged attention (or
-JAX's ragged kernel) over its own pages, its own query heads. That is exact when the plan shards the
-attention by heads the way Transformers' default plans do (``q_proj``, ``k_proj``, ``v_proj``
-column-wise, ``o_proj`` row-wise) and both head counts divide by ``tp_size``; :func:`tp_path` says so,
-and anything else keeps Transformers' manager, unpatched, with its reason.
+JAX's ragged kernel) over its own pages, its own query heads. That is exact for three layouts of the
+attention (:func:`layout`), which :func:`tp_path` recognises; anything else keeps Transformers'
+manager, unpatched, with its reason:
+
+- ``"sharded"``: Transformers' default plans (``q_proj``, ``k_proj``, ``v_proj`` column-wise,
+  ``o_proj`` row-wise), both head counts divisible by ``tp_size``;
+- ``"kv_replicated"``: the ``tp_plan_rewrite`` patch's plan for fewer key-value heads than chips
+  (GLM-4: 2 on 4 chips): each rank holds one key-value head and its share of query heads;
+- ``"replicated"``: the whole attention on every rank (the rewrite for head counts that do not divide).
+
+Transformers' own cache divides the key-value heads by ``tp_size`` whenever the plan names ``k_proj``
+and ``v_proj`` (``DistributedHelper.are_kv_heads_tp_ed``): right for the first layout only, a
+``ValueError`` or a wrong cache for the others. On the TPU path the cache is built with
+:func:`kv_split` instead.
 """
 
 from __future__ import annotations
@@ -20,11 +30,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["HEAD_SHARDED", "REPLICATED_NORMS", "TPFacts", "attention_styles", "local_heads", "path_table", "tp_path"]
+from ..parallelism.heads import KV_REPLICATED_STYLE, kv_replication
+
+__all__ = [
+    "HEAD_SHARDED",
+    "KV_REPLICATED",
+    "REPLICATED",
+    "REPLICATED_NORMS",
+    "TPFacts",
+    "attention_styles",
+    "kv_split",
+    "layout",
+    "local_heads",
+    "path_table",
+    "tp_path",
+]
 
 #: The attention rules of a head-sharded plan (Transformers' default ``base_model_tp_plan`` of Llama,
 #: Qwen, Mistral, Gemma...): each rank computes whole heads, the output projection sums them.
 HEAD_SHARDED: Mapping[str, str] = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
+#: The ``tp_plan_rewrite`` patch's plan for fewer key-value heads than chips (``tp_size`` a multiple of
+#: them): query heads sharded, each key-value head replicated on ``tp_size / num_key_value_heads`` ranks.
+KV_REPLICATED: Mapping[str, str] = {**HEAD_SHARDED, "k_proj": KV_REPLICATED_STYLE, "v_proj": KV_REPLICATED_STYLE}
+#: The rewrite for heads that do not divide (and a user's own): the whole attention on every rank.
+REPLICATED: Mapping[str, str] = dict.fromkeys(HEAD_SHARDED, "replicate")
 #: Other attention rules a head-sharded plan may hold: per-head norms (Qwen3, Gemma 3), whole on every rank.
 REPLICATED_NORMS: Mapping[str, frozenset[str]] = dict.fromkeys(
     ("q_norm", "k_norm"), frozenset({"replicate", "replicated_with_grad_allreduce"})
@@ -63,29 +92,58 @@ def tp_path(facts: TPFacts) -> tuple[bool, str]:
     rules = dict(facts.attention)
     if len(rules) != len(facts.attention):
         return False, "the tp_plan gives the attention projections of different layers different styles"
-    sharded = {name: rules.get(name) for name in HEAD_SHARDED}
-    if sharded != dict(HEAD_SHARDED):
-        shown = ", ".join(f"{name} {style or 'not sharded'}" for name, style in sharded.items())
+    projections = {name: rules.get(name) for name in HEAD_SHARDED}
+    shape = layout(facts)
+    if shape is None:
+        shown = ", ".join(f"{name} {style or 'not sharded'}" for name, style in projections.items())
         return False, (
-            f"the tp_plan's attention is not sharded by heads ({shown}; TPU serving takes q/k/v_proj colwise, "
-            "o_proj rowwise)"
+            f"the tp_plan's attention is neither sharded by heads nor one of the plan rewrites ({shown}; TPU "
+            "serving takes q/k/v_proj colwise or k/v_proj kv_replicated_colwise with o_proj rowwise, or all replicate)"
         )
     others = sorted(f"{name} {style}" for name, style in rules.items()
                     if name not in HEAD_SHARDED and style not in REPLICATED_NORMS.get(name, ()))
     if others:
         return False, f"the tp_plan shards more of the attention than its heads ({', '.join(others)})"
-    if not facts.heads or facts.heads % tp:
+    if not facts.heads or not facts.kv_heads or facts.heads % facts.kv_heads:
+        return False, f"{facts.heads} query heads for {facts.kv_heads} key-value heads"
+    if shape == "sharded" and facts.heads % tp:
         return False, f"{facts.heads} query heads do not divide over tp_size={tp}"
-    if not facts.kv_heads or facts.kv_heads % tp:
+    if shape == "sharded" and facts.kv_heads % tp:
         return False, f"{facts.kv_heads} key-value heads do not divide over tp_size={tp}"
+    if shape == "kv_replicated" and kv_replication(facts.heads, facts.kv_heads, tp) is None:
+        return False, f"{facts.kv_heads} key-value heads cannot be replicated over tp_size={tp} ({facts.heads} query heads)"
     heads, kv_heads = local_heads(facts)
-    return True, f"{heads} query and {kv_heads} key-value heads per chip, each rank's paged cache holds its own"
+    how = {"sharded": "", "kv_replicated": " (each key-value head replicated on "
+           f"{tp // max(facts.kv_heads, 1)} chips)", "replicated": " (the whole attention on every chip)"}[shape]
+    return True, f"{heads} query and {kv_heads} key-value heads per chip{how}, each rank's paged cache holds its own"
+
+
+def layout(facts: TPFacts) -> str | None:
+    """How the plan lays the attention over the ranks: ``"sharded"`` (by heads), ``"kv_replicated"``,
+    ``"replicated"``, or ``None`` (another plan)."""
+    projections = {name: dict(facts.attention).get(name) for name in HEAD_SHARDED}
+    for name, plan in (("sharded", HEAD_SHARDED), ("kv_replicated", KV_REPLICATED), ("replicated", REPLICATED)):
+        if projections == dict(plan):
+            return name
+    return None
 
 
 def local_heads(facts: TPFacts) -> tuple[int, int]:
-    """``(query heads, key-value heads)`` one rank computes and caches (the whole model's without TP)."""
-    tp = max(facts.tp_size, 1)
+    """``(query heads, key-value heads)`` one rank computes and caches (the whole model's without TP or
+    with the attention replicated)."""
+    tp, shape = max(facts.tp_size, 1), layout(facts)
+    if tp == 1 or shape == "replicated":
+        return facts.heads, facts.kv_heads
+    if shape == "kv_replicated":
+        return facts.heads // tp, 1
     return facts.heads // tp, facts.kv_heads // tp
+
+
+def kv_split(facts: TPFacts) -> int:
+    """What the paged cache divides the model's key-value heads by to hold one rank's (Transformers
+    divides by ``tp_size`` whenever the plan names ``k_proj`` and ``v_proj``; right for ``"sharded"`` only)."""
+    kv_heads = local_heads(facts)[1]
+    return facts.kv_heads // kv_heads if kv_heads else 1
 
 
 # -------------------------------------------------------------------------------------------------
@@ -99,14 +157,17 @@ _CASES: tuple[tuple[str, TPFacts], ...] = (
     ("Llama 3 8B (32 query, 8 key-value heads), Transformers' plan, `tp_size=4`", TPFacts(4, 32, 8, _DEFAULT)),
     ("Qwen3-0.6B (16 query, 8 key-value heads), `tp_size=8`", TPFacts(8, 16, 8, _DEFAULT)),
     (
-        "GLM-4 shape (2 key-value heads), `tp_size=4`: key-value heads replicated by the plan rewrite",
-        TPFacts(4, 8, 2, tuple(sorted({**HEAD_SHARDED, "k_proj": "kv_replicated_colwise", "v_proj": "kv_replicated_colwise"}.items()))),
+        "GLM-4 shape (8 query, 2 key-value heads), `tp_size=4`: key-value heads replicated by the plan rewrite",
+        TPFacts(4, 8, 2, tuple(sorted(KV_REPLICATED.items()))),
     ),
     (
-        "3 key-value heads, `tp_size=2`: attention replicated by the plan rewrite",
-        TPFacts(2, 6, 3, tuple(sorted(dict.fromkeys(HEAD_SHARDED, "replicate").items()))),
+        "6 query, 3 key-value heads, `tp_size=2`: attention replicated by the plan rewrite",
+        TPFacts(2, 6, 3, tuple(sorted(REPLICATED.items()))),
     ),
+    ("a user plan sharding the query heads only (`k_proj`/`v_proj` replicated)",
+     TPFacts(2, 8, 4, tuple(sorted({**HEAD_SHARDED, "k_proj": "replicate", "v_proj": "replicate"}.items())))),
     ("a user `tp_plan` that leaves the attention unsharded (MLP only)", TPFacts(2, 8, 4, ())),
+    ("a `tp_plan` sharding attention sinks (gpt-oss)", TPFacts(2, 8, 4, tuple(sorted({**HEAD_SHARDED, "sinks": "local_rowwise"}.items())))),
 )
 
 
