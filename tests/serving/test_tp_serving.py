@@ -40,17 +40,18 @@ ENV = {
 }
 
 
-def _launch(tmp_path: Path, nproc: int, **config) -> list[dict]:
+def _launch(tmp_path: Path, nproc: int, *configs: dict) -> list[list[dict]]:
+    """Serve each tiny Qwen3 of ``configs`` on ``nproc`` chips in one launch: per model, each rank's result."""
     from transformers_tpu_ext.testing.tiny import save_tiny_model
 
-    model = save_tiny_model(tmp_path / "model", "qwen3", seed=0, **config)
+    models = [str(save_tiny_model(tmp_path / f"model{i}", "qwen3", seed=0, **config)) for i, config in enumerate(configs)]
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
     env.update(ENV)
     command = [sys.executable, "-m", "transformers_tpu_ext.launch", f"--nproc_per_node={nproc}", str(WORKER)]
-    proc = subprocess.run([*command, str(model), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([*command, str(out), *models], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in range(nproc)]
+    return [[json.loads(Path(f"{out}.{i}.rank{rank}.json").read_text()) for rank in range(nproc)] for i in range(len(models))]
 
 
 def _served_like_cpu(results: list[dict], attention: str, kv_heads: int) -> None:
@@ -65,7 +66,7 @@ def _served_like_cpu(results: list[dict], attention: str, kv_heads: int) -> None
 def test_four_chips_serve_the_tokens_of_plain_cpu_transformers_with_replicated_kv_heads(tmp_path):
     # GLM-4's shape: 2 key-value heads on 4 chips, each replicated on 2 (the tp_plan_rewrite patch's plan;
     # Transformers' own manager refuses it: "Number of key value heads 2 must be divisible by ... 4").
-    results = _launch(tmp_path, 4, num_attention_heads=8, num_key_value_heads=2, head_dim=8)
+    (results,) = _launch(tmp_path, 4, dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8))
     _served_like_cpu(results, "paged", kv_heads=1)
     assert {result["k_proj"] for result in results} == {"kv_replicated_colwise"}
 
@@ -73,8 +74,16 @@ def test_four_chips_serve_the_tokens_of_plain_cpu_transformers_with_replicated_k
 @pytest.mark.skipif(
     importlib.util.find_spec("jax") is None, reason="the kernel path needs JAX (transformers-tpu-ext[jax])"
 )
-def test_two_chips_run_the_ragged_kernel_on_their_own_heads(tmp_path):
-    # Transformers' plan: query and key-value heads sharded (2 query heads and 1 key-value head per chip).
-    results = _launch(tmp_path, 2, num_attention_heads=4, num_key_value_heads=2, head_dim=128, num_hidden_layers=1)
-    _served_like_cpu(results, "ragged", kv_heads=1)
-    assert {result["k_proj"] for result in results} == {"colwise"}
+def test_two_chips_run_the_ragged_kernel_on_their_own_heads_and_replicated_attention_whole(tmp_path):
+    sharded, replicated = _launch(
+        tmp_path,
+        2,
+        # Transformers' plan: query and key-value heads sharded (2 query heads and 1 key-value head per chip)
+        dict(num_attention_heads=4, num_key_value_heads=2, head_dim=128, num_hidden_layers=1),
+        # 3 key-value heads do not divide over 2 chips: the plan rewrite replicates the attention
+        dict(num_attention_heads=6, num_key_value_heads=3, head_dim=8),
+    )
+    _served_like_cpu(sharded, "ragged", kv_heads=1)
+    assert {result["k_proj"] for result in sharded} == {"colwise"}
+    _served_like_cpu(replicated, "paged", kv_heads=3)
+    assert {result["k_proj"] for result in replicated} == {"replicate"}

@@ -1,9 +1,9 @@
 """Worker of test_tp_serving.py, one per rank under ``transformers-tpu launch`` (the simulated TPU, ``tpu_dist``).
 
-``python -m transformers_tpu_ext.launch --nproc_per_node=N tp_serving_worker.py MODEL OUT``: every rank
-loads MODEL with ``DistributedConfig(tp_size=N)`` on its chip, warms up a continuous-batching manager,
-serves mixed-length prompts in cache-only mode (a program the warm-up did not compile raises) and
-writes ``OUT.rank<R>.json``: its tokens, plain single-process CPU Transformers' (the unsharded model,
+``python -m transformers_tpu_ext.launch --nproc_per_node=N tp_serving_worker.py OUT MODEL...``: for each
+MODEL, every rank loads it with ``DistributedConfig(tp_size=N)`` on its chip, warms up a
+continuous-batching manager, serves mixed-length prompts in cache-only mode (a program the warm-up did
+not compile raises) and writes ``OUT.<i>.rank<R>.json`` (``i``: the model's index): its tokens, plain single-process CPU Transformers' (the unsharded model,
 greedy ``generate()``), the programs compiled after the warm-up, the attention of its steps and the
 key-value heads its paged cache holds.
 """
@@ -21,7 +21,7 @@ LENGTHS = [1, 40, 9, 20, 3, 13]  # 40 and 20: prefilled in chunks (16 tokens per
 NEW_TOKENS = [5, 3, 5, 4, 5, 2]
 
 
-def main(path: str, out: str) -> None:
+def serve(path: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.distributed import DistributedConfig
 
@@ -69,8 +69,9 @@ def main(path: str, out: str) -> None:
     with open(f"{out}.rank{dist.get_rank()}.json", "w") as handle:
         json.dump(result, handle)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    for index, model_path in enumerate(sys.argv[2:]):
+        serve(model_path, f"{sys.argv[1]}.{index}")
+    dist.destroy_process_group()
