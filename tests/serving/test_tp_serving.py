@@ -2,9 +2,9 @@
 
 Two launches under ``transformers-tpu launch`` (the simulated TPU, each rank on its own chip, ``tpu_dist``):
 a context-sensitive tiny Qwen3 of GLM-4's shape (8 query, 2 key-value heads) on 4 chips, its key-value
-heads replicated by the plan rewrite, with the plain-PyTorch paged attention (head size 8), and one of
-head size 128 sharded by Transformers' plan on 2 chips with JAX's ragged paged attention kernel
-(skipped without JAX). On every rank (``tests/serving/tp_serving_worker.py``): the manager takes the TPU
+heads replicated by the plan rewrite, with the plain-PyTorch paged attention (head size 8); on 2 chips,
+one of head size 128 sharded by Transformers' plan with JAX's ragged paged attention kernel, then one
+of 3 key-value heads whose attention the plan rewrite replicates (skipped without JAX). On every rank (``tests/serving/tp_serving_worker.py``): the manager takes the TPU
 path, its paged cache holds the rank's own key-value heads, mixed-length prompts (one prefilled in
 chunks beside decodes) give the greedy tokens of plain single-process CPU Transformers, and nothing
 compiles after the warm-up (cache-only mode). Without this path the manager ran Transformers' own,
