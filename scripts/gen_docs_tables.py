@@ -30,12 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers_tpu_ext.core import length_readers
     from transformers_tpu_ext.generation import paths
     from transformers_tpu_ext.serving import kernel_path, sampling
+    from transformers_tpu_ext.serving import tensor_parallel
 
     tables = (
         ("generation.md", paths.BEGIN, paths.END, paths.path_table),
         ("generation.md", length_readers.BEGIN, length_readers.END, length_readers.length_table),
         ("serving.md", kernel_path.BEGIN, kernel_path.END, kernel_path.path_table),
         ("serving.md", sampling.BEGIN, sampling.END, sampling.path_table),
+        ("serving.md", tensor_parallel.BEGIN, tensor_parallel.END, tensor_parallel.path_table),
         ("configuration.md", settings.BEGIN, settings.END, settings.settings_table),
     )
     status = 0

@@ -1,4 +1,4 @@
-"""Continuous batching on TPU against plain Transformers continuous batching on the CPU (issue 26):
+"""Continuous batching on TPU against plain Transformers on the CPU (issue 26): 200 requests of random lengths,
 logprobs (``return_logprobs``), a request longer than the KV cache's pool (``serving.pool``), prefix
 sharing (``allow_block_sharing``: a shared system prompt prefilled once, with the plain-PyTorch
 attention, a sliding-window model, and JAX's ragged kernel). In-process, on the simulated TPU, with
@@ -112,6 +112,43 @@ def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small
 
 
 
+def test_requests_added_before_the_cache_exists_get_the_same_pool_check(small_steps, monkeypatch, caplog):
+    """Added before ``start()`` (no cache, no pool yet): the 100-token prompt fails alone, with the message
+    ``add_request`` gives once the pool is known; the 62-token one is lowered to 2 new tokens; the others are
+    served. (Transformers would fail all four: "No requests can be scheduled and no requests can be offloaded.")"""
+    import logging
+
+    from transformers import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.requests import RequestStatus
+
+    from transformers_tpu_ext.core import wrapping
+
+    monkeypatch.setattr(wrapping, "_warned", set())  # the lowering's warning, said once per process
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN", "128")
+    long_prompt, near_full = list(range(3, 103)), list(range(100, 162))
+    model = tiny.tiny_model("qwen3", seed=0).to("tpu")
+    config = ContinuousBatchingConfig(num_blocks=4, page_size=16)
+    manager = model.init_continuous_batching(generation_config=_config(), continuous_batching_config=config)
+    prompts = [PROMPTS[0], long_prompt, near_full, PROMPTS[1]]
+    ids = [manager.add_request(p, max_new_tokens=NEW) for p in prompts]  # before the cache: nothing refused yet
+    assert manager.batch_processor is None
+    with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
+        manager.start()
+        try:
+            results = {r.request_id: r for r in (manager.get_result(timeout=120) for _ in ids)}
+        finally:
+            manager.stop(block=True)
+    first, refused, lowered, last = (results[i] for i in ids)
+    assert refused.status == RequestStatus.FAILED
+    assert "100 tokens; the TPU paged KV cache holds 64 tokens in all (4 pages of 16" in refused.error
+    assert any("lowered to fit the TPU paged KV cache (64 tokens" in r.getMessage() for r in caplog.records)
+    assert [first.error, lowered.error, last.error] == [None, None, None]
+    cpu = _cpu([PROMPTS[0], near_full, PROMPTS[1]])
+    assert first.generated_tokens == cpu[0].generated_tokens
+    assert lowered.generated_tokens == cpu[1].generated_tokens[:2]
+    assert last.generated_tokens == cpu[2].generated_tokens
+
+
 @pytest.mark.slow
 def test_generate_batch_fails_only_the_request_longer_than_the_pool(small_steps):
     from transformers import ContinuousBatchingConfig
@@ -184,3 +221,49 @@ def test_prefix_sharing_with_the_int8_kv_cache_reads_the_shared_pages_scales(sma
     unshared_tokens, unshared_prefill = _prefill_tokens(False, "paged", "int8")
     assert tokens == unshared_tokens and len({tuple(t) for t in tokens}) == len(QUESTIONS)
     assert prefill == unshared_prefill - 3 * 32
+
+
+@pytest.mark.slow
+def test_200_requests_of_random_lengths_compile_nothing_after_the_warmup(simulated_tpu, monkeypatch):
+    """200 requests, prompts of 1 to 120 tokens (the max length is 128) and 1 to 4 new tokens, all added at
+    once: prefill chunks and decodes mixed in every step, requests joining as others leave. After the
+    warm-up (one step shape, 64 tokens and 16 requests) nothing compiles (cache-only mode raises on any
+    new program, eager operations included), and every request's tokens are plain CPU ``generate()``'s."""
+    from transformers import GenerationConfig
+
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_TOKEN_BUCKETS", "64")
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_REQUEST_BUCKETS", "16")
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS", "64")
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS", "16")
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN", "128")
+    simulated_tpu.configure(chips=1, hbm_bytes="96MiB")
+    generator = torch.Generator().manual_seed(26)
+    lengths = torch.randint(1, 121, (200,), generator=generator).tolist()
+    news = torch.randint(1, 5, (200,), generator=generator).tolist()
+    model = tiny.tiny_model("qwen3", seed=0)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in lengths]
+    with torch.no_grad():
+        cpu = [model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(p):].tolist()
+               for p, n in zip(prompts, news)]
+    assert len({tuple(t) for t in cpu}) > 150  # the model reads its prompts
+    model.to("tpu")
+    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config)
+    plan = manager.continuous_batching_config.tpu_plan
+    assert plan.shapes == [(64, 16)]
+    manager.start()  # warms up its one step shape
+    try:
+        before = simulated_tpu.counters()
+        with cache_only("200 requests of random lengths after the warm-up"):
+            ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(prompts, news)]
+            results = {r.request_id: r for r in (manager.get_result(timeout=300) for _ in ids)}
+        after = simulated_tpu.counters() - before
+    finally:
+        manager.stop(block=True)
+    assert after.programs == 0
+    assert [results[i].error for i in ids] == [None] * 200
+    assert [results[i].generated_tokens for i in ids] == cpu
+    stats = plan.stats
+    assert stats.requests >= 200 and stats.steps < stats.tokens  # several requests per step
+    assert stats.shapes == {(64, 16)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from transformers_tpu_ext.serving import policy as serving
+from transformers_tpu_ext.serving import tensor_parallel
 
 
 def test_ladders_double_from_the_vllm_tpu_anchors_up_to_the_limit():
@@ -176,7 +177,7 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
     for facts in taken:
         assert serving.paged_path(facts)[0]
     refused = {
-        "tensor parallelism": serving.ServeFacts(tensor_parallel=True),
+        "tensor parallelism": serving.ServeFacts(tp=serving.TPFacts(tp_size=2, heads=4, kv_heads=2)),
         "encoder-decoder": serving.ServeFacts(encoder_decoder=True),
         "flash_attention_2": serving.ServeFacts(attention="flash_attention_2"),
         "flex_attention": serving.ServeFacts(attention="flex_attention"),
@@ -190,6 +191,69 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
         assert not taken and reason in why
     assert serving.paged_path(serving.ServeFacts(eager_function=False))[0]  # SDPA falls back to the registry's
     assert set(serving.PAGED_FALLBACKS.values()) == {"sdpa", "eager"}
+
+
+# -- tensor parallelism (serving.tensor_parallel) ------------------------------------------------------
+
+_HEAD_SHARDED = {f"model.layers.*.self_attn.{name}": style for name, style in tensor_parallel.HEAD_SHARDED.items()}
+
+
+def _tp(tp_size: int, heads: int, kv_heads: int, plan: dict) -> serving.TPFacts:
+    return serving.TPFacts(tp_size, heads, kv_heads, tensor_parallel.attention_styles(plan))
+
+
+def test_a_head_sharded_model_serves_on_tpu_with_its_own_heads_per_chip():
+    plan = {**_HEAD_SHARDED, "model.layers.*.mlp.gate_proj": "colwise", "lm_head": "colwise_gather_output",
+            "model.layers.*.self_attn.q_norm": "replicated_with_grad_allreduce"}  # Qwen3's per-head norms
+    for tp, local in ((2, (16, 4)), (4, (8, 2)), (8, (4, 1))):
+        facts = _tp(tp, 32, 8, plan)
+        assert serving.paged_path(serving.ServeFacts(tp=facts))[0]
+        assert tensor_parallel.local_heads(facts) == local
+        assert f"{local[0]} query and {local[1]} key-value heads per chip" in tensor_parallel.tp_path(facts)[1]
+    assert tensor_parallel.tp_path(serving.TPFacts()) == (True, "no tensor parallelism")
+    assert tensor_parallel.local_heads(serving.TPFacts(heads=4, kv_heads=2)) == (4, 2)
+
+
+def test_the_plan_rewrites_serve_on_tpu_with_the_heads_each_rank_holds():
+    replicated_kv = {**_HEAD_SHARDED, "model.layers.*.self_attn.k_proj": "kv_replicated_colwise",
+                     "model.layers.*.self_attn.v_proj": "kv_replicated_colwise"}
+    glm = _tp(4, 8, 2, replicated_kv)  # 2 KV heads on 4 chips: each replicated on 2
+    assert tensor_parallel.tp_path(glm)[0] and tensor_parallel.layout(glm) == "kv_replicated"
+    assert tensor_parallel.local_heads(glm) == (2, 1) and tensor_parallel.kv_split(glm) == 2
+    mqa = _tp(2, 4, 1, replicated_kv)
+    assert tensor_parallel.local_heads(mqa) == (2, 1) and tensor_parallel.kv_split(mqa) == 1
+    whole = _tp(2, 6, 3, dict.fromkeys(_HEAD_SHARDED, "replicate"))  # 3 KV heads on 2 chips
+    assert tensor_parallel.tp_path(whole)[0] and tensor_parallel.layout(whole) == "replicated"
+    assert tensor_parallel.local_heads(whole) == (6, 3) and tensor_parallel.kv_split(whole) == 1
+    sharded = _tp(4, 32, 8, _HEAD_SHARDED)
+    assert tensor_parallel.kv_split(sharded) == 4  # what Transformers' own cache divides by
+
+
+def test_a_sharded_model_the_tpu_step_would_not_compute_exactly_stays_unpatched_with_its_reason():
+    replicated_kv = {**_HEAD_SHARDED, "model.layers.*.self_attn.k_proj": "kv_replicated_colwise",
+                     "model.layers.*.self_attn.v_proj": "kv_replicated_colwise"}
+    cases = {
+        "k_proj replicate": _tp(2, 8, 4, {**_HEAD_SHARDED, "model.layers.*.self_attn.k_proj": "replicate",
+                                          "model.layers.*.self_attn.v_proj": "replicate"}),
+        "q_proj not sharded": _tp(2, 8, 4, {"model.layers.*.mlp.up_proj": "colwise"}),
+        "6 query heads do not divide over tp_size=4": _tp(4, 6, 6, _HEAD_SHARDED),
+        "2 key-value heads do not divide over tp_size=4": _tp(4, 8, 2, _HEAD_SHARDED),
+        "3 key-value heads cannot be replicated over tp_size=4": _tp(4, 12, 3, replicated_kv),
+        "more of the attention than its heads (sinks local_rowwise)": _tp(
+            2, 8, 4, {**_HEAD_SHARDED, "model.layers.*.self_attn.sinks": "local_rowwise"}),
+        "different styles": _tp(2, 8, 4, {**_HEAD_SHARDED, "model.vision.layers.*.self_attn.q_proj": "replicate"}),
+    }
+    for reason, facts in cases.items():
+        taken, why = serving.paged_path(serving.ServeFacts(tp=facts))
+        assert not taken and why.startswith("tensor parallelism: ") and reason in why, (reason, why)
+
+
+def test_the_tensor_parallel_docs_table_is_the_predicate_s():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    begin = page.index(tensor_parallel.BEGIN) + len(tensor_parallel.BEGIN)
+    assert page[begin : page.index(tensor_parallel.END, begin)].strip() == tensor_parallel.path_table()
 
 
 # -- the int8 paged cache ---------------------------------------------------------------------------

@@ -68,12 +68,13 @@ def tensor_leaves(tensor: Any) -> Iterable[Any]:
 
     A subclass whose inner tensors live on another device type than itself is how a device represents
     its tensors (the simulated TPU's wrapper holds a CPU tensor): it is a leaf."""
+    import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
         inner = [getattr(tensor, name, None) for name in names]
-        inner = [t for t in inner if t is not None]
+        inner = [t for t in inner if isinstance(t, torch.Tensor)]  # a DTensor also names its DeviceMesh
         if inner and all(t.device.type == tensor.device.type for t in inner):
             for t in inner:
                 yield from tensor_leaves(t)

@@ -10,6 +10,8 @@
   dispatcher that keeps the model's own attention outside the manager's steps, the warm-up,
   compile settings); :mod:`.step_io`: ``TPUBatchIO``, the padded step inputs.
 - :mod:`.warm_up`: ``warmup_serve`` (``transformers_tpu_ext.warmup(model, work="serve")``), a manager warmed up.
+- :mod:`.tensor_parallel` (pure): which tensor-parallel models serve on TPU (``tp_path``) and the
+  heads each chip computes and caches.
 - :mod:`.sampling` (pure): when a manager's temperature, top-k and top-p are per-request tensors of
   the step (``per_request_path``) rather than numbers compiled into its programs.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``

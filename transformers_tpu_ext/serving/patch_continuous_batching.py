@@ -26,7 +26,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
 - ``ContinuousBatchingManager.start``: warms up first if nothing did (``transformers serve``).
 - ``ContinuousBatchingManager.add_request``: a request longer than the max length, or than the paged
   cache's whole pool (``serving.pool``), is refused early (within ``add_requests``, ``generate_batch``:
-  delivered as a failed result, the others served).
+  delivered as a failed result, the others served); ``Scheduler.add_waiting_request``: the same pool
+  check for a request added before the cache existed (it fails alone).
 
 The policy (ladders, shapes, page size, cache sizing) is plain logic in ``transformers_tpu_ext.serving.policy``.
 """
@@ -41,6 +42,7 @@ from typing import Any
 from . import policy as serving
 from .plan import plan_of as _plan_of
 from . import sampling
+from . import tensor_parallel
 from . import wrap_attention as attention
 from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
@@ -94,6 +96,8 @@ def apply(module: Any) -> None:
     _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    scheduler = sys.modules["transformers.generation.continuous_batching.scheduler"]
+    _wraps.wrap(scheduler.Scheduler, "add_waiting_request", requests.add_waiting_request)
     allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
     _wraps.wrap(allocators.CacheAllocator, "copy_blocks", _copy_blocks)
     handler = cache_module.PagedAttentionMemoryHandler
@@ -158,13 +162,27 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
     from ..generation.static_cache import text_layer_types
 
     return serving.ServeFacts(
-        tensor_parallel=getattr(model, "_device_mesh", None) is not None,
+        tp=_tp_facts(model),
         encoder_decoder=bool(model.config.is_encoder_decoder),
         attention=attention.user_attention(model),
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
     )
+
+
+def _tp_facts(model: Any) -> serving.TPFacts:
+    """The model's tensor parallelism as upstream's manager sees it (its ``DistributedHelper``'s TP mesh)."""
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    from ..parallelism.heads import head_counts
+
+    mesh = DistributedHelper.extract_tp_mesh(getattr(model, "_device_mesh", None))
+    if mesh is None:
+        return serving.TPFacts()
+    heads, kv_heads = head_counts(model.config) or (0, 0)
+    styles = tensor_parallel.attention_styles(dict(getattr(model, "tp_plan", None) or {}))
+    return serving.TPFacts(tp_size=int(mesh.size()), heads=heads, kv_heads=kv_heads, attention=styles)
 
 
 def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -222,7 +240,11 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
     from . import ragged
 
-    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, _serve_facts(init.model).attention_sinks)
+    facts = _serve_facts(init.model)
+    local = None
+    if facts.tp.tp_size > 1:  # each rank's own heads (serving.tensor_parallel)
+        local, plan.kv_head_split = tensor_parallel.local_heads(facts.tp), tensor_parallel.kv_split(facts.tp)
+    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local)
     resolved.tpu_plan = plan
 
 
@@ -273,6 +295,8 @@ def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     activations = None
     if plan.kv_cache == "int8":  # upstream's allocators lay out int8 pages (bytes per page halve from bf16)
         args, kwargs, activations = _runtime().int8_pages(args, kwargs)
+    if plan.kv_head_split is not None:  # one rank's key-value heads, whatever the plan's layout
+        args, kwargs = _runtime().local_kv_heads(args, kwargs, plan.kv_head_split)
     tokens = _one_group.set(True), _activations.set(activations)
     try:
         result = wrapped(*args, **kwargs)
@@ -281,6 +305,7 @@ def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         _activations.reset(tokens[1])
     if activations is not None:
         _runtime().add_int8_scales(instance)
+    requests.mark_cache(instance, plan)
     return result
 
 

@@ -109,6 +109,9 @@ class ServingPlan:
     kv_cache: str | None = None
     #: the attention of the steps (``kernel_path.attention_path``): "ragged" (the JAX kernel) or "paged"
     attention: str = "paged"
+    #: under tensor parallelism, what the paged cache divides the model's key-value heads by to hold one
+    #: rank's (``tensor_parallel.kv_split``); ``None`` without tensor parallelism
+    kv_head_split: int | None = None
     #: what the user should know about this plan (explicit rungs a smaller limit cut), logged once
     notes: tuple[str, ...] = ()
     cache: CachePlan | None = None

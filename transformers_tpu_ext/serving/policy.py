@@ -50,12 +50,14 @@ from .settings import (
     current,
     reset,
 )
+from .tensor_parallel import TPFacts, tp_path
 from .shapes import MIN_REQUESTS, MIN_TOKENS, capped_rungs, request_ladder, step_shape, step_shapes, token_ladder
 
 __all__ = [
     "PAGED_FALLBACKS",
     "PAGED_LAYER_TYPES",
     "ServeFacts",
+    "TPFacts",
     "paged_path",
     "kv_cache_path",
     "kv_bytes_per_sector",
@@ -101,7 +103,7 @@ PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 class ServeFacts:
     """What the manager's ``__init__`` wrapper reads off the model (plain data)."""
 
-    tensor_parallel: bool = False  # a device mesh (DistributedConfig(tp_size=N))
+    tp: TPFacts = TPFacts()  # tensor parallelism (DistributedConfig(tp_size=N)): serving.tensor_parallel
     encoder_decoder: bool = False
     attention: str = "sdpa"  # config._attn_implementation
     layer_types: tuple[str, ...] = ("full_attention",)  # text layers, as the caches see them
@@ -113,8 +115,9 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
     """``(True, why)`` if the TPU serving path (planned shapes, the paged attention, the HBM-sized
     cache) computes what upstream computes for this model; else ``(False, why not)``: the manager
     runs unpatched."""
-    if facts.tensor_parallel:
-        return False, "tensor parallelism is not supported by TPU serving yet"
+    sharded, why = tp_path(facts.tp)
+    if not sharded:
+        return False, f"tensor parallelism: {why}"
     if facts.encoder_decoder:
         return False, "an encoder-decoder model"
     if facts.attention not in PAGED_FALLBACKS:

@@ -31,10 +31,16 @@ _names = itertools.count()
 
 
 def kernel_facts(
-    model: Any, setting: str, kv_cache: str | None, attention_sinks: bool, probe_jax: bool = True
+    model: Any,
+    setting: str,
+    kv_cache: str | None,
+    attention_sinks: bool,
+    probe_jax: bool = True,
+    local_heads: tuple[int, int] | None = None,
 ) -> kernel_path.KernelFacts:
     """The facts :func:`kernel_path.attention_path` decides on, read off the model and the installed JAX
-    (``probe_jax=False``: JAX and torch_tpu as if they had the kernel, JAX not imported)."""
+    (``probe_jax=False``: JAX and torch_tpu as if they had the kernel, JAX not imported; ``local_heads``:
+    the query and key-value heads of one rank under tensor parallelism, ``serving.tensor_parallel``)."""
     import importlib
     import inspect
 
@@ -55,6 +61,9 @@ def kernel_facts(
             logger.debug("transformers-tpu-ext: the ragged paged attention kernel does not load: %s", error)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    if local_heads is not None:
+        heads, kv_heads = local_heads
     pallas = getattr(getattr(torch, "tpu", None), "pallas", None)
     return kernel_path.KernelFacts(
         setting=setting,
@@ -63,7 +72,7 @@ def kernel_facts(
         jax_op=callable(getattr(pallas, "jax_op", None)) or not probe_jax,
         head_dim=int(find_head_dim(config)),
         heads=heads,
-        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        kv_heads=kv_heads,
         dtype=str(model.dtype).removeprefix("torch."),
         attention_sinks=attention_sinks,
         kv_cache=kv_cache,
@@ -189,12 +198,15 @@ def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) 
     return read, kernel_path.held_kv_bytes(kv_lens, per_token), kernel
 
 
-def choose(model: Any, setting: str, kv_cache: str | None, attention_sinks: bool) -> str:
+def choose(
+    model: Any, setting: str, kv_cache: str | None, attention_sinks: bool, local_heads: tuple[int, int] | None = None
+) -> str:
     """The steps' attention (``kernel_path.attention_path``): the JAX kernel or the plain-PyTorch one, said once."""
     # What the model alone rules out is decided without importing JAX (a second or more).
-    path, why = kernel_path.attention_path(kernel_facts(model, setting, kv_cache, attention_sinks, probe_jax=False))
+    facts = functools.partial(kernel_facts, model, setting, kv_cache, attention_sinks, local_heads=local_heads)
+    path, why = kernel_path.attention_path(facts(probe_jax=False))
     if path == "ragged":
-        path, why = kernel_path.attention_path(kernel_facts(model, setting, kv_cache, attention_sinks))
+        path, why = kernel_path.attention_path(facts())
     describe(path, why)
     if path == "ragged":
         _prepare()

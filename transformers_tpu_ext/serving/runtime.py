@@ -156,6 +156,33 @@ def int8_pages(args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
     return args, {**kwargs, "dtype": torch.int8}, kwargs.get("dtype", torch.float16)
 
 
+class _LocalKVHeads:
+    """Upstream's ``DistributedHelper`` as ``PagedAttentionCache.__init__`` should see it: the key-value
+    heads divided by ``split`` (``serving.tensor_parallel.kv_split``), not by ``tp_size``; every
+    collective is the helper's own."""
+
+    def __init__(self, helper: Any, split: int) -> None:
+        self._helper, self._split = helper, split
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._helper, name)
+
+    @property
+    def tp_size(self) -> int:  # read by the cache for the head division (when split > 1) and the size sync
+        return self._split if self._split > 1 else self._helper.tp_size
+
+    def are_kv_heads_tp_ed(self) -> bool:
+        return self._split > 1
+
+
+def local_kv_heads(args: tuple, kwargs: dict, split: int) -> tuple[tuple, dict]:
+    """``PagedAttentionCache(*args, **kwargs)``'s arguments with a distributed helper that gives one rank's
+    key-value heads (``split``: what the model's are divided by)."""
+    if "distributed_helper" in kwargs:
+        return args, {**kwargs, "distributed_helper": _LocalKVHeads(kwargs["distributed_helper"], split)}
+    return (*args[:3], _LocalKVHeads(args[3], split), *args[4:]), kwargs
+
+
 def add_int8_scales(cache: Any) -> None:
     """Give each allocator of an int8 paged ``cache`` its float32 scale tensor (``quantization.kv_cache``)."""
     from ..quantization import kv_cache

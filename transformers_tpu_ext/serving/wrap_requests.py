@@ -4,6 +4,11 @@
 (``serving.pool``), is refused before it can stop the requests in flight; a ``max_new_tokens`` that would
 outgrow either is lowered, with one warning. Within ``add_requests`` (``generate_batch``) such a request
 comes back failed, with the message, and the others are served.
+
+``Scheduler.add_waiting_request``: the same pool check when a request reaches the scheduler, for the
+requests added before the manager built its cache (before ``start()`` or a warm-up: the pool was not
+known yet). Transformers fails that one request alone (``ContinuousBatchProcessor._update_tp_group_state``
+delivers it failed, with the message); under tensor parallelism every rank checks the same request.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from . import policy as serving
 from .plan import plan_of as _plan_of
 from ..core.wrapping import warn_once
 
-__all__ = ["add_request", "add_requests"]
+__all__ = ["add_request", "add_requests", "add_waiting_request", "mark_cache"]
 
 #: Set while ``add_requests`` (``generate_batch``) adds its requests.
 _batch_add: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_batch_add", default=False)
@@ -48,6 +53,30 @@ def add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(kwargs.get("input_ids") or args[0]))
         instance.output_router.fail_and_deliver(state, error)
         return kwargs["request_id"]
+    return wrapped(*args, **kwargs)
+
+
+def mark_cache(cache: Any, plan: serving.ServingPlan) -> None:
+    """Mark a paged cache built for a TPU plan (its scheduler checks the requests it receives)."""
+    cache._tpu_ext_plan = plan
+
+
+def add_waiting_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``Scheduler.add_waiting_request`` of a TPU cache: a request that can never fit the pool raises here
+    (upstream fails it alone), one that would outgrow it gets a lower ``max_new_tokens``."""
+    plan = getattr(instance.cache, "_tpu_ext_plan", None)
+    if plan is None:
+        return wrapped(*args, **kwargs)
+    from . import pool
+
+    state, cache = args[0] if args else kwargs["state"], instance.cache
+    prompt = len(state.initial_tokens)
+    within = pool.fit_to_pool(prompt, state.max_new_tokens, cache.max_tokens_read, num_blocks=cache.num_blocks,
+                              page_size=plan.page_size)  # ValueError: the request fails alone, with the message
+    if state.max_new_tokens is not None and within < state.max_new_tokens:
+        warn_once(f"max_new_tokens lowered to fit the TPU paged KV cache ({cache.max_tokens_read} tokens in all)")
+        state.max_new_tokens = within
+        state._new_tokens_limit = within  # what RequestState.__post_init__ derived from max_new_tokens
     return wrapped(*args, **kwargs)
 
 
