@@ -69,7 +69,7 @@ print(json.dumps({
     "accelerator": str(torch.accelerator.current_accelerator()),
     "tpu_available": backend.tpu_available(),
     "active": ext.active_patches(),
-    "registry": list(registry.REGISTRY),
+    "registry": [n for n in registry.REGISTRY if registry.installed(importlib.import_module(registry.module_name(n)).TARGET)],
     "skipped": ext.skipped_patches(),
     "plugin_warnings": [str(w.message) for w in caught if issubclass(w.category, ext.TransformersTPUExtWarning)],
     "device_map": {k: str(v) for k, v in getattr(model, "hf_device_map", {"": model.device}).items()},
@@ -120,7 +120,8 @@ if doctor.returncode or "torch_tpu" not in doctor.stdout and "torch-tpu" not in 
 
 if problems:
     sys.exit("check_torch_tpu: FAILED\n  " + "\n  ".join(problems))
-print(f"check_torch_tpu: import torch/transformers/plugin OK; {len(on['active'])} patches active, none skipped; "
+print(f"check_torch_tpu: import torch/transformers/plugin OK; {len(on['active'])} patches active (every patch whose library "
+      f"is installed), none skipped; "
       f"no TPU detected; device map {on['device_map']}; generate() tokens identical to the unpatched run "
       f"({len(on['tokens'][0])} tokens); doctor OK", file=sys.stderr)
 PY
