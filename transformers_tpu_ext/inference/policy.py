@@ -39,6 +39,7 @@ from ..training.buckets import choose_length, sequence_ladder
 
 __all__ = [
     "PADDING",
+    "PATIENCE",
     "POOLING",
     "SAFE_ROPE",
     "TASKS",
@@ -120,6 +121,12 @@ class CallPlan:
     pad_token_id: int
     add_mask: bool = False
     no_cache: bool = False
+    deferred: int | None = None
+
+
+#: How many calls whose own rung was never run, and is shorter than a rung that was, pad to that longer
+#: rung before their own compiles (``plan_call``'s ``patience``).
+PATIENCE = 4
 
 
 def plan_call(
@@ -131,6 +138,8 @@ def plan_call(
     used: Collection[int] = (),
     used_rows: Collection[int] = (),
     reuse: float = 1.5,
+    deferred: Mapping[int, int] | None = None,
+    patience: int = PATIENCE,
     dtypes: Mapping[str, str] | None = None,
     options: Mapping[str, object] | None = None,
     positional: int = 0,
@@ -143,7 +152,12 @@ def plan_call(
     arguments (``use_cache``, ``output_hidden_states``...). ``positional``: how many positional
     arguments the call has. ``used`` / ``used_rows``: the lengths and row counts already run; a
     short batch reuses a length at most ``reuse`` times its own rung, a partial batch (the last one
-    of a pipeline) any larger row count already run. ``drop_cache``: the caller never reads a KV cache (pipelines), so a
+    of a pipeline) any larger row count already run. A batch whose rung was never run but is shorter
+    than one that was (a rare short batch: zero-shot classification's batches hold few texts, their
+    longest varies more) pads to the shortest such rung, unless its rung was already put off
+    ``patience`` times (``deferred``: how many calls put off each rung; the plan's ``deferred`` names
+    the rung it puts off): a rare length compiles nothing, a frequent one soon gets its own rung.
+    ``drop_cache``: the caller never reads a KV cache (pipelines), so a
     model that would return one is called with ``use_cache=False``.
     """
     ladder = ladder or sequence_ladder()
@@ -202,6 +216,10 @@ def plan_call(
     target = choose_length(length, ladder, used, reuse)
     if model.max_positions is not None:
         target = max(length, min(target, model.max_positions))
+    put_off = None
+    longer = [rung for rung in used if rung > target]
+    if target not in used and longer and (deferred or {}).get(target, 0) < patience:
+        put_off, target = target, min(longer)
     own_rows = round_up(rows, rows_ladder)
     padded_rows = min([r for r in used_rows if r >= own_rows], default=own_rows)
     return CallPlan(
@@ -213,6 +231,7 @@ def plan_call(
         pad_token_id=model.pad_token_id if model.pad_token_id is not None else 0,
         add_mask=add_mask,
         no_cache=no_cache,
+        deferred=put_off,
     )
 
 
