@@ -50,6 +50,8 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "recompile_guard_serve": "serving",
         "recompile_guard_train": "training",
         "pipeline_buckets": "inference",
+        "lm_eval_hf": "inference",
+        "sentence_transformers_encode": "inference",
     }
 )
 

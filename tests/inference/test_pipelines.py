@@ -118,7 +118,7 @@ def test_zero_shot_classification_of_random_texts_settles_in_the_first_hundred(t
     # bench_infer's workload: 200 random texts, 2 labels, 8 pairs (4 texts) per forward; no batch
     # chosen to cover the buckets. A batch of 8 pairs holds 4 texts only, so its longest varies more
     # than a text-classification batch's: texts 104-107 make a batch of 15 tokens, whose own rung
-    # (16) the first hundred never ran. It pads to 48 (patience) instead of compiling in the second
+    # (16) the first hundred never ran. It pads to 48 (patience: once) instead of compiling in the second
     # hundred.
     texts, call = random_texts(200, seed=1, longest=30), {"candidate_labels": ["cake", "tpu"]}
     cpu = pipeline("zero-shot-classification", model=tiny_encoder("sequence_classification"), tokenizer=tiny_bert_tokenizer(),

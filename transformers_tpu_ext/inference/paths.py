@@ -84,7 +84,8 @@ CASES: tuple[CallCase, ...] = (
 def _padded(plan: CallPlan) -> str:
     text = f"padded to {plan.rows} x {plan.length}, outputs cut back to {plan.original_rows} x {plan.original_length}"
     if plan.deferred is not None:
-        text += f", a length already run (its own, {plan.deferred}, after {PATIENCE} such calls)"
+        times = "once" if PATIENCE == 1 else f"{PATIENCE} times"
+        text += f", a length already run ({times} per length; then its own, {plan.deferred})"
     if plan.add_mask:
         text += "; a mask added"
     if plan.no_cache:

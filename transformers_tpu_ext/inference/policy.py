@@ -48,8 +48,10 @@ __all__ = [
     "PIPELINES",
     "ENCODER_MODULES",
     "ENCODER_POOLING",
+    "LM_EVAL_SUPPORTED",
     "cut_fields",
     "encoder_facts",
+    "lm_eval_path",
     "pipeline_path",
     "plan_call",
     "row_ladder",
@@ -125,8 +127,11 @@ class CallPlan:
 
 
 #: How many calls whose own rung was never run, and is shorter than a rung that was, pad to that longer
-#: rung before their own compiles (``plan_call``'s ``patience``).
-PATIENCE = 4
+#: rung before their own compiles (``plan_call``'s ``patience``). One: a one-off short batch compiles
+#: nothing, a rung wanted twice compiles at its second call. More would put the compile of a rung
+#: wanted a few times in the first pass into the second (lm-eval sorts its requests longest first:
+#: with 4, its second 100 requests compiled 134 programs).
+PATIENCE = 1
 
 
 def plan_call(
@@ -294,3 +299,33 @@ def pipeline_path(name: str) -> bool:
     """Whether a pipeline of the class ``name`` is bucketed (exactly a class of :data:`PIPELINES`: a
     subclass of yours may call the model another way, and runs as upstream's)."""
     return name in PIPELINES
+
+
+#: lm-eval releases whose ``HFLM`` the ``lm_eval_hf`` patch knows (``_model_call(inps)`` of a causal LM
+#: returns the logits lm-eval's bookkeeping reads; tested: 0.4.13).
+LM_EVAL_SUPPORTED = ">=0.4.13,<0.5"
+
+
+def lm_eval_path(version: str | None, *, backend: str | None, model_device: str | None, processes: int = 1,
+                 parallelize: bool = False) -> str | None:
+    """``None`` when lm-eval's ``HFLM`` may keep its bookkeeping on the host and run each forward pass
+    bucketed on the TPU (``_model_call``: a batch of right-padded token ids of a causal LM, whose
+    logits it reads back per request), else why it runs as upstream's. ``model_device``: the type of
+    the device the model is on; ``processes``: Accelerate's process count."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if model_device != "tpu":
+        return "the model is not on a TPU"
+    try:
+        known = version is not None and Version(version).release and SpecifierSet(LM_EVAL_SUPPORTED).contains(
+            ".".join(map(str, Version(version).release)))
+    except InvalidVersion:
+        known = False
+    if not known:
+        return f"lm-eval {version} is not a release whose HFLM is known ({LM_EVAL_SUPPORTED})"
+    if backend != "causal":
+        return f"an lm-eval backend {backend!r}: only causal LMs' forward passes are bucketed"
+    if processes > 1 or parallelize:
+        return "lm-eval over several processes or with parallelize=True"
+    return None

@@ -58,7 +58,7 @@ class Bucketed:
     """
 
     def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE,
-                 drop_cache: bool = False, on_tpu_only: bool = True) -> None:
+                 drop_cache: bool = False, on_tpu_only: bool = True, positional_ids: bool = False) -> None:
         self._model = weakref.ref(model)  # weak: the registry of for_model() must not keep models alive
         self.module = unwrap(model)
         self.facts = model_facts(model)
@@ -67,6 +67,7 @@ class Bucketed:
         self.patience = patience
         self.deferred: dict[int, int] = {}
         self.drop_cache = drop_cache
+        self.positional_ids = positional_ids  # model(input_ids) as lm-eval calls it: the one positional tensor is input_ids
         self.on_tpu_only = on_tpu_only
         self.used: set[int] = set()
         self.used_rows: set[int] = set()
@@ -163,6 +164,8 @@ class Bucketed:
     def _before(self, module: Any, args: tuple, kwargs: dict) -> Any:
         if not getattr(self._local, "active", 0):
             return None  # another thread's call of the model: not inside this thread's block
+        if self.positional_ids and len(args) == 1 and "input_ids" not in kwargs:
+            args, kwargs = (), {"input_ids": args[0], **kwargs}
         try:
             plan = self._plan(args, kwargs)
             padded = None if isinstance(plan, str) else self._pad(kwargs, plan)
