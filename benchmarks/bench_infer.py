@@ -12,7 +12,10 @@ over tokenized batches left on the CPU, mean-pooled on the host (the plugin side
 ``bucketed(model)``); ``lm_eval`` (named only, it needs the ``lm-eval`` extra): lm-eval's ``HFLM``
 ``loglikelihood`` of a tiny Qwen3 over requests made of each text (its last word the continuation),
 plain: ``HFLM(pretrained=<the model on the TPU>)`` (lm-eval 0.4 takes no ``device="tpu"``), plugin:
-``HFLM(pretrained=<path>, device="tpu")``. Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
+``HFLM(pretrained=<path>, device="tpu")``; ``encode`` (named only, the ``embeddings`` extra):
+``SentenceTransformer(<the tiny BERT>, device="tpu").encode(texts, batch_size=8)`` with mean pooling
+and normalisation, nothing else (its ``torch.inference_mode()`` decorator taken off: the simulated TPU
+cannot slice a tensor made outside it, with or without the plugin). Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
 one workload would be reused by the next):
 
 - ``plain``: plain Transformers 5.24 (``TRANSFORMERS_TPU_EXT_DISABLE=1``), ``device="tpu"``;
@@ -38,7 +41,7 @@ BATCH = 8
 WORKLOADS = ("text_classification", "decoder_classifier", "token_classification", "feature_extraction", "fill_mask",
              "zero_shot", "model_loop")
 #: Workloads that need an optional extra, run only when named (``--workloads lm_eval``).
-EXTRA_WORKLOADS = ("lm_eval",)
+EXTRA_WORKLOADS = ("lm_eval", "encode")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -93,6 +96,7 @@ def _workload(name: str):
                       {"candidate_labels": ["cake", "tpu"]}),
         "model_loop": (None, lambda: tiny_encoder("base"), bert, same, {}),
         "lm_eval": (None, None, None, same, {}),
+        "encode": (None, None, None, same, {}),
     }[name]
 
 
@@ -137,6 +141,40 @@ def _lm_eval(texts, plugin: bool, device: str):
     return lm, run
 
 
+def _encode(plugin: bool, device: str):
+    """A function running ``SentenceTransformer(..., device=device).encode`` (mean pooling, normalised)."""
+    import inspect
+    import tempfile
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    import transformers_tpu_ext as ext
+    from transformers_tpu_ext.testing.tiny_encoders import tiny_bert_tokenizer, tiny_encoder
+
+    if not getattr(SentenceTransformer.encode, "_bench_raw", False):  # once: the plugin (if on) wraps the raw methods
+        active = ext.is_active()
+        ext.deactivate()
+        for name in ("encode", "_inference"):
+            raw = inspect.unwrap(SentenceTransformer.__dict__[name])
+            setattr(SentenceTransformer, name, raw)
+        SentenceTransformer.encode._bench_raw = True
+        if active:
+            ext.activate()
+    path = tempfile.mkdtemp()
+    tiny_encoder("base").save_pretrained(path)
+    tiny_bert_tokenizer().save_pretrained(path)
+    model = SentenceTransformer(modules=[Transformer(path, max_seq_length=64), Pooling(32, pooling_mode="mean"), Normalize()],
+                                device=device).eval()
+
+    def run(part):
+        with torch.no_grad():
+            return model.encode(part, batch_size=BATCH).tolist()
+
+    return model, run
+
+
 def worker(side: str, texts_count: int, workloads: list[str]) -> None:
     import torch
 
@@ -158,6 +196,9 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
             expected = _lm_eval(texts, plugin, "cpu")[1](texts)
             lm, run = _lm_eval(texts, plugin, "tpu")
             model = lm.model
+        elif name == "encode":
+            expected = _encode(plugin, "cpu")[1](texts)
+            model, run = _encode(plugin, "tpu")
         elif task is None:
             expected = _loop(make(), tokenizer, texts, plugin=False)
             model = make().to("tpu")
@@ -189,8 +230,14 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
         if plugin:
             from transformers_tpu_ext.inference import runtime
 
-            options = {"positional_ids": True} if name == "lm_eval" else {}
-            calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None or name == "lm_eval", **options)
+            if name == "encode":
+                from transformers_tpu_ext.inference import bucketed
+
+                calls = bucketed(model)
+            else:
+                options = {"positional_ids": True} if name == "lm_eval" else {}
+                calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None or name == "lm_eval",
+                                          **options)
             report[name].update(padded_calls=calls.padded, unpadded=calls.reasons, lengths=sorted(calls.used),
                                 rows=sorted(calls.used_rows))
     emit(report)
