@@ -9,7 +9,13 @@ Workloads (tiny context-sensitive models built from configs, ``initializer_range
 Qwen3-shaped decoder classifier), ``token-classification``, ``feature-extraction``, ``fill-mask``,
 ``zero-shot-classification`` (2 labels), and ``model_loop``: ``model(**batch)`` of a BERT encoder
 over tokenized batches left on the CPU, mean-pooled on the host (the plugin side inside
-``bucketed(model)``). Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
+``bucketed(model)``); ``lm_eval`` (named only, it needs the ``lm-eval`` extra): lm-eval's ``HFLM``
+``loglikelihood`` of a tiny Qwen3 over requests made of each text (its last word the continuation),
+plain: ``HFLM(pretrained=<the model on the TPU>)`` (lm-eval 0.4 takes no ``device="tpu"``), plugin:
+``HFLM(pretrained=<path>, device="tpu")``; ``encode`` (named only, the ``embeddings`` extra):
+``SentenceTransformer(<the tiny BERT>, device="tpu").encode(texts, batch_size=8)`` with mean pooling
+and normalisation, nothing else (its ``torch.inference_mode()`` decorator taken off: the simulated TPU
+cannot slice a tensor made outside it, with or without the plugin). Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
 one workload would be reused by the next):
 
 - ``plain``: plain Transformers 5.24 (``TRANSFORMERS_TPU_EXT_DISABLE=1``), ``device="tpu"``;
@@ -23,6 +29,7 @@ plain Transformers on the CPU (``max_abs_diff``; labels compared exactly: ``labe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 BATCH = 8
 WORKLOADS = ("text_classification", "decoder_classifier", "token_classification", "feature_extraction", "fill_mask",
              "zero_shot", "model_loop")
+#: Workloads that need an optional extra, run only when named (``--workloads lm_eval``).
+EXTRA_WORKLOADS = ("lm_eval", "encode")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -86,6 +95,8 @@ def _workload(name: str):
         "zero_shot": ("zero-shot-classification", lambda: tiny_encoder("sequence_classification"), bert, same,
                       {"candidate_labels": ["cake", "tpu"]}),
         "model_loop": (None, lambda: tiny_encoder("base"), bert, same, {}),
+        "lm_eval": (None, None, None, same, {}),
+        "encode": (None, None, None, same, {}),
     }[name]
 
 
@@ -105,6 +116,65 @@ def _loop(model, tokenizer, texts, plugin: bool):
     return results
 
 
+def _lm_eval(texts, plugin: bool, device: str):
+    """A function running lm-eval's ``loglikelihood`` over requests of ``texts`` (the last word the continuation)."""
+    import tempfile
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM
+
+    from transformers_tpu_ext.testing import tiny
+
+    path = tempfile.mkdtemp()
+    tiny.save_tiny_model(path, "qwen3")
+    if device == "cpu" or plugin:
+        lm = HFLM(pretrained=path, device=device, batch_size=BATCH)
+    else:
+        lm = HFLM(pretrained=AutoModelForCausalLM.from_pretrained(path).to(device), tokenizer=path, batch_size=BATCH)
+
+    def run(part):
+        requests = [Instance("loglikelihood", {}, (t.rsplit(" ", 1)[0] if " " in t else "the", " " + t.split(" ")[-1]), i)
+                    for i, t in enumerate(part)]
+        return [list(r) for r in lm.loglikelihood(requests, disable_tqdm=True)]
+
+    return lm, run
+
+
+def _encode(plugin: bool, device: str):
+    """A function running ``SentenceTransformer(..., device=device).encode`` (mean pooling, normalised)."""
+    import inspect
+    import tempfile
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    import transformers_tpu_ext as ext
+    from transformers_tpu_ext.testing.tiny_encoders import tiny_bert_tokenizer, tiny_encoder
+
+    if not getattr(SentenceTransformer.encode, "_bench_raw", False):  # once: the plugin (if on) wraps the raw methods
+        active = ext.is_active()
+        ext.deactivate()
+        for name in ("encode", "_inference"):
+            raw = inspect.unwrap(SentenceTransformer.__dict__[name])
+            setattr(SentenceTransformer, name, raw)
+        SentenceTransformer.encode._bench_raw = True
+        if active:
+            ext.activate()
+    path = tempfile.mkdtemp()
+    tiny_encoder("base").save_pretrained(path)
+    tiny_bert_tokenizer().save_pretrained(path)
+    model = SentenceTransformer(modules=[Transformer(path, max_seq_length=64), Pooling(32, pooling_mode="mean"), Normalize()],
+                                device=device).eval()
+
+    def run(part):
+        with torch.no_grad():
+            return model.encode(part, batch_size=BATCH).tolist()
+
+    return model, run
+
+
 def worker(side: str, texts_count: int, workloads: list[str]) -> None:
     import torch
 
@@ -122,7 +192,14 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
         task, make, tokenizer, transform, call = _workload(name)
         texts = transform(random_texts(texts_count, seed=1, longest=30))
         half = len(texts) // 2
-        if task is None:
+        if name == "lm_eval":
+            expected = _lm_eval(texts, plugin, "cpu")[1](texts)
+            lm, run = _lm_eval(texts, plugin, "tpu")
+            model = lm.model
+        elif name == "encode":
+            expected = _encode(plugin, "cpu")[1](texts)
+            model, run = _encode(plugin, "tpu")
+        elif task is None:
             expected = _loop(make(), tokenizer, texts, plugin=False)
             model = make().to("tpu")
             run = lambda part: _loop(model, tokenizer, part, plugin)  # noqa: E731
@@ -153,7 +230,14 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
         if plugin:
             from transformers_tpu_ext.inference import runtime
 
-            calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None)
+            if name == "encode":
+                from transformers_tpu_ext.inference import bucketed
+
+                calls = bucketed(model)
+            else:
+                options = {"positional_ids": True} if name == "lm_eval" else {}
+                calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None or name == "lm_eval",
+                                          **options)
             report[name].update(padded_calls=calls.padded, unpadded=calls.reasons, lengths=sorted(calls.used),
                                 rows=sorted(calls.used_rows))
     emit(report)
@@ -179,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report: dict = {"texts": count, "batch_size": BATCH, "sides": {}}
     for side in args.sides.split(","):
-        env = worker_env(TRANSFORMERS_TPU_EXT_DISABLE="1" if side == "plain" else None, PYTHONPATH=str(HERE.parent))
+        # PYTHONPATH: the repository first, then the caller's (an extra installed elsewhere, e.g. lm-eval)
+        path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+        env = worker_env(TRANSFORMERS_TPU_EXT_DISABLE="1" if side == "plain" else None, PYTHONPATH=path)
         report["sides"][side] = {}
         for name in workloads:  # a process each: programs one workload compiled are not counted for the next
             report["sides"][side].update(run_worker(__file__, ["--worker", side, "--texts", str(count), "--workloads", name], env))

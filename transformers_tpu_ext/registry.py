@@ -52,6 +52,8 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "recompile_guard_train": "training",
         "pipeline_buckets": "inference",
         "trl_grpo": "training",
+        "lm_eval_hf": "inference",
+        "sentence_transformers_encode": "inference",
     }
 )
 

@@ -184,7 +184,7 @@ import warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import {first_import}
-    import importlib
+    import importlib, importlib.util
     from transformers_tpu_ext import activation
     for name in activation.registry.REGISTRY:
         if activation.registry.installed(activation._patch_module(name).TARGET):

@@ -25,4 +25,4 @@ def test_every_case_is_decided_by_the_predicate():
     cells = [row.split(" | ")[1] for row in paths.call_table().splitlines()[2:]]
     assert len(cells) == len(paths.CASES)
     assert {cell.startswith("padded to ") or cell == "as it is" for cell in cells} == {True}
-    assert sum(cell.startswith("padded to ") for cell in cells) == 7
+    assert sum(cell.startswith("padded to ") for cell in cells) == 8

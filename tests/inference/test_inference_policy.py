@@ -34,7 +34,19 @@ def test_a_batch_is_padded_to_its_rung_and_its_rows_to_a_power_of_two():
 
 def test_a_rare_short_batch_reuses_a_longer_rung_already_run():
     assert plan_call(_text(4, 30), BERT, used={48}).length == 48
-    assert plan_call(_text(4, 30), BERT, used={64}).length == 32  # 2x longer: its own rung
+    assert plan_call(_text(4, 30), BERT, used={64}, patience=0).length == 32  # 2x longer: its own rung
+
+
+def test_a_batch_shorter_than_a_rung_run_pads_to_it_until_its_own_rung_is_wanted_often():
+    # zero-shot classification: a batch of a few short texts (15 tokens) after batches of 48
+    plan = plan_call(_text(8, 15), BERT, used={48})
+    assert (plan.length, plan.deferred) == (48, 16)
+    assert plan_call(_text(8, 15), BERT, used={48}, deferred={16: 1}, patience=2).length == 48
+    again = plan_call(_text(8, 15), BERT, used={48}, deferred={16: policy.PATIENCE})
+    assert (again.length, again.deferred) == (16, None)  # wanted often: its own rung
+    assert plan_call(_text(8, 15), BERT, used={48}, patience=0).length == 16
+    assert plan_call(_text(8, 15), BERT, used={16, 48}).deferred is None  # its own rung was run
+    assert plan_call(_text(8, 40), BERT, used={32}).length == 48  # longer than every rung run: compiles
 
 
 def test_a_partial_batch_reuses_a_larger_row_count_already_run():
@@ -121,3 +133,14 @@ def test_only_pipelines_that_call_the_model_once_per_batch_are_bucketed():
     assert policy.pipeline_path("TextClassificationPipeline") and policy.pipeline_path("FillMaskPipeline")
     assert not policy.pipeline_path("TextGenerationPipeline")  # generate() buckets its own calls
     assert not policy.pipeline_path("MyTextClassificationPipeline")  # a subclass of yours: upstream's
+
+
+def test_lm_eval_is_bucketed_only_for_a_known_release_and_a_causal_lm_on_one_tpu():
+    assert policy.lm_eval_path("0.4.13", backend="causal", model_device="tpu") is None
+    assert policy.lm_eval_path("0.4.14.dev0", backend="causal", model_device="tpu") is None
+    assert "not on a TPU" in policy.lm_eval_path("0.4.13", backend="causal", model_device="cpu")
+    for version in ("0.4.12", "0.5.0", None, "not a version"):
+        assert "not a release whose HFLM is known" in policy.lm_eval_path(version, backend="causal", model_device="tpu")
+    assert "seq2seq" in policy.lm_eval_path("0.4.13", backend="seq2seq", model_device="tpu")
+    assert "several processes" in policy.lm_eval_path("0.4.13", backend="causal", model_device="tpu", processes=2)
+    assert "parallelize" in policy.lm_eval_path("0.4.13", backend="causal", model_device="tpu", parallelize=True)

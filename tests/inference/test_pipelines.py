@@ -112,3 +112,24 @@ def test_zero_shot_classification(tpu):
     tok, second = tiny_bert_tokenizer(), random_texts(8, seed=12, longest=20)
     first = covering(tok, second, " this example is tensor parallelism.")[::2] + random_texts(4, seed=11, longest=20)
     _run("zero-shot-classification", lambda: tiny_encoder("sequence_classification"), tok, first, second, candidate_labels=labels)
+
+
+def test_zero_shot_classification_of_random_texts_settles_in_the_first_hundred(tpu):
+    # bench_infer's workload: 200 random texts, 2 labels, 8 pairs (4 texts) per forward; no batch
+    # chosen to cover the buckets. A batch of 8 pairs holds 4 texts only, so its longest varies more
+    # than a text-classification batch's: texts 104-107 make a batch of 15 tokens, whose own rung
+    # (16) the first hundred never ran. It pads to 48 (patience: once) instead of compiling in the second
+    # hundred.
+    texts, call = random_texts(200, seed=1, longest=30), {"candidate_labels": ["cake", "tpu"]}
+    cpu = pipeline("zero-shot-classification", model=tiny_encoder("sequence_classification"), tokenizer=tiny_bert_tokenizer(),
+                   device="cpu")
+    expected = cpu(texts, batch_size=8, **call)
+    pipe = pipeline("zero-shot-classification", model=tiny_encoder("sequence_classification"), tokenizer=tiny_bert_tokenizer(),
+                    device="tpu")
+    got = pipe(texts[:100], batch_size=8, **call)
+    with steady("the second hundred texts of zero-shot classification"):
+        got += pipe(texts[100:], batch_size=8, **call)
+    calls = runtime.for_model(pipe.model, drop_cache=True)
+    assert calls.deferred == {16: 1}, "the short batch this test is about did not happen"
+    assert_same(got, expected)
+    assert len({row["labels"][0] for row in got}) > 1

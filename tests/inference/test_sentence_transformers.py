@@ -38,9 +38,10 @@ def no_inference_mode(monkeypatch):
     """encode() runs under torch.inference_mode(), in which the simulated TPU cannot slice a tensor made
     outside it (BERT's position-ids buffer: "Cannot set version_counter for inference tensor", with or
     without the plugin): the same methods, undecorated, under no_grad."""
-    for name in ("encode", "_inference"):
-        method = getattr(SentenceTransformer, name)
-        monkeypatch.setattr(SentenceTransformer, name, getattr(method, "__wrapped__", method))
+    import inspect
+
+    for name in ("encode", "_inference"):  # every wrapper off, the plugin's sentence_transformers_encode too
+        monkeypatch.setattr(SentenceTransformer, name, inspect.unwrap(getattr(SentenceTransformer, name)))
 
 
 def _encode(model, texts):
@@ -73,3 +74,40 @@ def test_unknown_modules_run_as_they_are():
     assert "LSTM" in policy.encoder_facts([("Transformer", ()), ("LSTM", ()), ("Pooling", ("mean",))], inner)
     assert "not known" in policy.encoder_facts([("Transformer", ()), ("Pooling", ("median",))], inner)
     assert "base model" in policy.encoder_facts([("Transformer", ()), ("Pooling", ("cls",))], policy.ModelFacts(task="masked_lm"))
+
+
+@pytest.fixture
+def patched_encode_without_inference_mode():
+    """The ``sentence_transformers_encode`` patch over ``encode()`` undecorated (see ``no_inference_mode``):
+    the originals replaced while the plugin is off, so that activating it wraps them; restored after."""
+    import inspect
+
+    ext.deactivate()
+    saved = {name: SentenceTransformer.__dict__[name] for name in ("encode", "_inference")}
+    for name, method in saved.items():
+        setattr(SentenceTransformer, name, inspect.unwrap(method))
+    ext.activate()
+    try:
+        yield
+    finally:
+        ext.deactivate()
+        for name, method in saved.items():
+            setattr(SentenceTransformer, name, method)
+        ext.activate()
+
+
+@pytest.mark.slow  # ~10 s each, as above
+@pytest.mark.parametrize("mode", ["mean", "cls", "lasttoken"])
+def test_plain_encode_on_the_tpu_is_bucketed_without_asking(simulated_tpu, patched_encode_without_inference_mode, encoder_dir, mode):
+    assert "sentence_transformers_encode" in ext.active_patches()
+    texts = random_texts(200, seed=5, longest=30)
+    cpu = _model(encoder_dir, mode, "cpu")
+    model = _model(encoder_dir, mode, "tpu")  # SentenceTransformer(..., device="tpu"), nothing else
+    got = _encode(model, texts[:100])
+    with steady(f"the second 100 texts of a plain encode() with {mode} pooling"):
+        more = _encode(model, texts[100:])
+    calls = bucketed(model)
+    assert calls.padded > 0 and not calls.reasons, calls.reasons
+    expected = _encode(cpu, texts)
+    assert float((torch.cat([got, more]) - expected).abs().max()) <= 1e-5
+    assert not torch.allclose(expected[0], expected[1], atol=1e-3)

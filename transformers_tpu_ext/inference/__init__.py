@@ -7,6 +7,9 @@
 - ``runtime``: ``bucketed(model)``, the opt-in API for a user's own loop, and the object the
   ``pipeline_buckets`` patch puts under every pipeline's forward on TPU.
 - ``encoders``: the same around a sentence-transformers model's whole forward (``encode()``).
+- patches: ``pipeline_buckets`` (every pipeline's forward), ``lm_eval_hf`` (lm-eval's ``HFLM``: its
+  bookkeeping on the host, its forward passes bucketed), ``sentence_transformers_encode`` (``encode()``
+  of a model on the TPU runs inside ``bucketed(model)``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..training.paths import render_blocks, update_page
-from .policy import CallPlan, ModelFacts, plan_call
+from .policy import PATIENCE, CallPlan, ModelFacts, plan_call
 
 __all__ = ["CASES", "CallCase", "call_table", "render", "update"]
 
@@ -43,6 +43,7 @@ class CallCase:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=_text)
     options: Mapping[str, Any] = field(default_factory=dict)
     pipeline: bool = True
+    used: tuple[int, ...] = ()
 
 
 def _m(base: ModelFacts, **change: Any) -> ModelFacts:
@@ -53,6 +54,8 @@ def _m(base: ModelFacts, **change: Any) -> ModelFacts:
 
 CASES: tuple[CallCase, ...] = (
     CallCase("BERT-like classifier (text-classification, zero-shot): pools `[CLS]`", _BERT, _text(types=True)),
+    CallCase("4 texts of 12 tokens after batches of 48 (zero-shot: a batch of a few short texts)", _BERT,
+             _text(rows=4, length=12), used=(48,)),
     CallCase("token classification, fill-mask: per-position logits", _m(_BERT, task="token_classification", pooling="none")),
     CallCase("feature extraction, sentence embeddings: hidden states, pooled afterwards under the mask",
              _m(_BERT, task="base", pooling="none")),
@@ -80,6 +83,9 @@ CASES: tuple[CallCase, ...] = (
 
 def _padded(plan: CallPlan) -> str:
     text = f"padded to {plan.rows} x {plan.length}, outputs cut back to {plan.original_rows} x {plan.original_length}"
+    if plan.deferred is not None:
+        times = "once" if PATIENCE == 1 else f"{PATIENCE} times"
+        text += f", a length already run ({times} per length; then its own, {plan.deferred})"
     if plan.add_mask:
         text += "; a mask added"
     if plan.no_cache:
@@ -91,7 +97,7 @@ def call_table(cases: Sequence[CallCase] = CASES) -> str:
     """The markdown table of what a call of 3 rows of 20 tokens becomes on TPU (default ladders)."""
     lines = ["| what you run | on TPU | why |", "|---|---|---|"]
     for case in cases:
-        plan = plan_call(case.shapes, case.model, options=case.options, drop_cache=case.pipeline)
+        plan = plan_call(case.shapes, case.model, options=case.options, drop_cache=case.pipeline, used=case.used)
         if isinstance(plan, str):
             lines.append(f"| {case.what} | as it is | {plan} |")
         else:

@@ -39,6 +39,7 @@ from ..training.buckets import choose_length, sequence_ladder
 
 __all__ = [
     "PADDING",
+    "PATIENCE",
     "POOLING",
     "SAFE_ROPE",
     "TASKS",
@@ -47,8 +48,10 @@ __all__ = [
     "PIPELINES",
     "ENCODER_MODULES",
     "ENCODER_POOLING",
+    "LM_EVAL_SUPPORTED",
     "cut_fields",
     "encoder_facts",
+    "lm_eval_path",
     "pipeline_path",
     "plan_call",
     "row_ladder",
@@ -120,6 +123,15 @@ class CallPlan:
     pad_token_id: int
     add_mask: bool = False
     no_cache: bool = False
+    deferred: int | None = None
+
+
+#: How many calls whose own rung was never run, and is shorter than a rung that was, pad to that longer
+#: rung before their own compiles (``plan_call``'s ``patience``). One: a one-off short batch compiles
+#: nothing, a rung wanted twice compiles at its second call. More would put the compile of a rung
+#: wanted a few times in the first pass into the second (lm-eval sorts its requests longest first:
+#: with 4, its second 100 requests compiled 134 programs).
+PATIENCE = 1
 
 
 def plan_call(
@@ -131,6 +143,8 @@ def plan_call(
     used: Collection[int] = (),
     used_rows: Collection[int] = (),
     reuse: float = 1.5,
+    deferred: Mapping[int, int] | None = None,
+    patience: int = PATIENCE,
     dtypes: Mapping[str, str] | None = None,
     options: Mapping[str, object] | None = None,
     positional: int = 0,
@@ -143,7 +157,12 @@ def plan_call(
     arguments (``use_cache``, ``output_hidden_states``...). ``positional``: how many positional
     arguments the call has. ``used`` / ``used_rows``: the lengths and row counts already run; a
     short batch reuses a length at most ``reuse`` times its own rung, a partial batch (the last one
-    of a pipeline) any larger row count already run. ``drop_cache``: the caller never reads a KV cache (pipelines), so a
+    of a pipeline) any larger row count already run. A batch whose rung was never run but is shorter
+    than one that was (a rare short batch: zero-shot classification's batches hold few texts, their
+    longest varies more) pads to the shortest such rung, unless its rung was already put off
+    ``patience`` times (``deferred``: how many calls put off each rung; the plan's ``deferred`` names
+    the rung it puts off): a rare length compiles nothing, a frequent one soon gets its own rung.
+    ``drop_cache``: the caller never reads a KV cache (pipelines), so a
     model that would return one is called with ``use_cache=False``.
     """
     ladder = ladder or sequence_ladder()
@@ -202,6 +221,10 @@ def plan_call(
     target = choose_length(length, ladder, used, reuse)
     if model.max_positions is not None:
         target = max(length, min(target, model.max_positions))
+    put_off = None
+    longer = [rung for rung in used if rung > target]
+    if target not in used and longer and (deferred or {}).get(target, 0) < patience:
+        put_off, target = target, min(longer)
     own_rows = round_up(rows, rows_ladder)
     padded_rows = min([r for r in used_rows if r >= own_rows], default=own_rows)
     return CallPlan(
@@ -213,6 +236,7 @@ def plan_call(
         pad_token_id=model.pad_token_id if model.pad_token_id is not None else 0,
         add_mask=add_mask,
         no_cache=no_cache,
+        deferred=put_off,
     )
 
 
@@ -275,3 +299,33 @@ def pipeline_path(name: str) -> bool:
     """Whether a pipeline of the class ``name`` is bucketed (exactly a class of :data:`PIPELINES`: a
     subclass of yours may call the model another way, and runs as upstream's)."""
     return name in PIPELINES
+
+
+#: lm-eval releases whose ``HFLM`` the ``lm_eval_hf`` patch knows (``_model_call(inps)`` of a causal LM
+#: returns the logits lm-eval's bookkeeping reads; tested: 0.4.13).
+LM_EVAL_SUPPORTED = ">=0.4.13,<0.5"
+
+
+def lm_eval_path(version: str | None, *, backend: str | None, model_device: str | None, processes: int = 1,
+                 parallelize: bool = False) -> str | None:
+    """``None`` when lm-eval's ``HFLM`` may keep its bookkeeping on the host and run each forward pass
+    bucketed on the TPU (``_model_call``: a batch of right-padded token ids of a causal LM, whose
+    logits it reads back per request), else why it runs as upstream's. ``model_device``: the type of
+    the device the model is on; ``processes``: Accelerate's process count."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if model_device != "tpu":
+        return "the model is not on a TPU"
+    try:
+        known = version is not None and Version(version).release and SpecifierSet(LM_EVAL_SUPPORTED).contains(
+            ".".join(map(str, Version(version).release)))
+    except InvalidVersion:
+        known = False
+    if not known:
+        return f"lm-eval {version} is not a release whose HFLM is known ({LM_EVAL_SUPPORTED})"
+    if backend != "causal":
+        return f"an lm-eval backend {backend!r}: only causal LMs' forward passes are bucketed"
+    if processes > 1 or parallelize:
+        return "lm-eval over several processes or with parallelize=True"
+    return None

@@ -51,18 +51,23 @@ class Bucketed:
     """Pads and cuts back the calls of one model (see :func:`bucketed`).
 
     ``used`` holds the padded lengths already run (a rare short batch reuses a longer one instead of
-    compiling its own, :func:`~transformers_tpu_ext.training.buckets.choose_length`); ``reasons``
+    compiling its own, :func:`~transformers_tpu_ext.training.buckets.choose_length`, and a batch
+    shorter than a length run reuses it ``patience`` times before its own compiles: ``deferred``
+    counts those calls per rung put off); ``reasons``
     counts why calls were left unpadded; ``padded`` counts the calls padded.
     """
 
-    def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, drop_cache: bool = False,
-                 on_tpu_only: bool = True) -> None:
+    def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE,
+                 drop_cache: bool = False, on_tpu_only: bool = True, positional_ids: bool = False) -> None:
         self._model = weakref.ref(model)  # weak: the registry of for_model() must not keep models alive
         self.module = unwrap(model)
         self.facts = model_facts(model)
         self.ladder = tuple(ladder) or policy.sequence_ladder()
         self.reuse = reuse
+        self.patience = patience
+        self.deferred: dict[int, int] = {}
         self.drop_cache = drop_cache
+        self.positional_ids = positional_ids  # model(input_ids) as lm-eval calls it: the one positional tensor is input_ids
         self.on_tpu_only = on_tpu_only
         self.used: set[int] = set()
         self.used_rows: set[int] = set()
@@ -159,6 +164,8 @@ class Bucketed:
     def _before(self, module: Any, args: tuple, kwargs: dict) -> Any:
         if not getattr(self._local, "active", 0):
             return None  # another thread's call of the model: not inside this thread's block
+        if self.positional_ids and len(args) == 1 and "input_ids" not in kwargs:
+            args, kwargs = (), {"input_ids": args[0], **kwargs}
         try:
             plan = self._plan(args, kwargs)
             padded = None if isinstance(plan, str) else self._pad(kwargs, plan)
@@ -170,6 +177,8 @@ class Bucketed:
             _tell(plan)
             return None
         self.padded += 1
+        if plan.deferred is not None:
+            self.deferred[plan.deferred] = self.deferred.get(plan.deferred, 0) + 1
         self.used.add(plan.length)
         self.used_rows.add(plan.rows)
         return args, padded
@@ -186,7 +195,8 @@ class Bucketed:
         if options.get("return_dict") is False or not getattr(getattr(self.module, "config", None), "return_dict", True):
             return "return_dict=False: tuple outputs whose fields could not be told apart"
         return policy.plan_call(
-            shapes, self.facts, ladder=self.ladder, used=self.used, used_rows=self.used_rows, reuse=self.reuse, dtypes=dtypes,
+            shapes, self.facts, ladder=self.ladder, used=self.used, used_rows=self.used_rows, reuse=self.reuse,
+            deferred=self.deferred, patience=self.patience, dtypes=dtypes,
             options=options, positional=len(args), drop_cache=self.drop_cache,
         )
 
@@ -260,7 +270,7 @@ def for_model(model: Any, **options: Any) -> Bucketed:
     return found
 
 
-def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5) -> Bucketed:
+def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE) -> Bucketed:
     """Run ``model(**batch)`` calls at a few static shapes on TPU, with the unpadded results::
 
         with bucketed(model):
@@ -270,9 +280,10 @@ def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5) ->
     Inside the block, a call :func:`~.policy.plan_call` accepts (docs/inference.md's table) is padded
     on the right to a rung of ``ladder`` (default: the training sequence ladder, 16, 32, 48, 64, 96...)
     and to a power-of-two number of rows, and its outputs are cut back; other calls run as they are
-    (the reason logged once). Outputs of a padded call are on the model's device. On a machine
+    (the reason logged once). A batch shorter than a length already run pads to it (``patience``
+    times per rung, then its own rung compiles). Outputs of a padded call are on the model's device. On a machine
     without a TPU (or a model not on it) every call runs as it is. Enter it once per model; the
     padded lengths used are remembered across blocks (``.used``). (``transformers_tpu_ext.inference.bucketed``
     also takes a sentence-transformers ``SentenceTransformer``: :mod:`.encoders`.)
     """
-    return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse)
+    return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse, patience=patience)

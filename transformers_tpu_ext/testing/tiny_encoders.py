@@ -1,8 +1,10 @@
 """Tiny, fully local encoder models and a BERT-style tokenizer, for batch-inference tests and benchmarks.
 
-:func:`tiny_bert_tokenizer` is a WordPiece tokenizer trained in-process on
-:data:`~transformers_tpu_ext.testing.tiny.TINY_TEXT` with ``[CLS] A [SEP] B [SEP]`` pairs and token
-type ids, ``[MASK]`` and ``[PAD]``: what fill-mask, question answering and zero-shot pipelines need.
+:func:`tiny_bert_tokenizer` is a WordPiece tokenizer over the words of
+:data:`~transformers_tpu_ext.testing.tiny.TINY_TEXT` (and of zero-shot classification's hypothesis
+template), other words spelled in letters, with ``[CLS] A [SEP] B [SEP]`` pairs and token type ids,
+``[MASK]`` and ``[PAD]``: what fill-mask, question answering and zero-shot pipelines need. The same
+in every process (a trained vocabulary was not: token counts, and the buckets run, changed per run).
 :func:`tiny_encoder` builds a 2-layer BERT (absolute position table of 64, so tests reach it) of a
 task head with ``initializer_range=0.3``: outputs depend on every real token.
 """
@@ -19,18 +21,29 @@ __all__ = ["WORDS", "random_texts", "tiny_bert_tokenizer", "tiny_encoder"]
 WORDS = sorted({w.strip(".,").lower() for line in TINY_TEXT for w in line.split()})
 
 _SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+#: Zero-shot classification's default hypothesis template (its words are in the vocabulary, as in a real one).
+_TEMPLATE = "This example is {}."
 
 
 def tiny_bert_tokenizer(vocab_size: int = 200, model_max_length: int = 64) -> Any:
     """A ``PreTrainedTokenizerFast`` in BERT's shape (right padding, ``[CLS]``/``[SEP]``, type ids)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # The vocabulary is written out, not trained: the WordPiece trainer breaks ties in a different order in
+    # each process, so a word outside the corpus ("this", "example") got other pieces, and token counts
+    # (hence the buckets a benchmark or a test runs) changed from run to run.
+    normalizer, splitter = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    lines = [*TINY_TEXT, _TEMPLATE]
+    words = sorted({w for line in lines for w, _ in splitter.pre_tokenize_str(normalizer.normalize_str(line))})
+    chars = sorted(set(string.ascii_lowercase + string.digits + "".join(words)))
+    pieces = list(dict.fromkeys(_SPECIAL + words + chars + [f"##{c}" for c in chars]))[:vocab_size]
+    tok = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = splitter
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(TINY_TEXT, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL, show_progress=False))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
