@@ -60,6 +60,8 @@ def test_a_known_grpo_run_pads_prompts_to_a_rung_and_completions_to_their_maximu
         ({"max_completion_length": None}, "max_completion_length"),
         ({"stop_tokens": False}, "does not cut"),
         ({"other_stops": ("stop_strings",)}, "stop_strings"),
+        ({"position_readers": ("Llama 4's attn_temperature_tuning",)}, "reads absolute positions"),
+        ({"loss": library_loss(GRPO, version="1.17.0", options={"loss_type": "dapo"})}, "< 1.17"),
     ],
 )
 def test_anything_not_read_is_left_as_trl_makes_it(changes, words):
@@ -252,3 +254,12 @@ def test_the_benchmark_s_quick_plugin_side(simulated_tpu):
     report = bench.worker("plugin", quick=True)
     assert report["steps"] == 12 and report["programs_per_epoch"][-1] == 0, report
     assert report["max_loss_diff_vs_cpu"] < TOLERANCE and report["max_reward_diff_vs_cpu"] < TOLERANCE
+
+
+def test_llama_4_s_attention_temperature_reads_absolute_positions():
+    from transformers import Llama4TextConfig, Qwen3Config
+
+    from transformers_tpu_ext.training.facts import _position_readers
+
+    assert _position_readers(Llama4TextConfig(attn_temperature_tuning=True)) and not _position_readers(Qwen3Config())
+    assert not _position_readers(Llama4TextConfig(attn_temperature_tuning=False))

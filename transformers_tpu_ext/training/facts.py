@@ -239,4 +239,13 @@ def grpo_facts(trainer: Any) -> Any:
         causal_lm=causal_lm,
         lengths=facts.lengths,
         cache_implementation=getattr(config, "cache_implementation", None),
+        position_readers=_position_readers(getattr(base, "config", None)),
     )
+
+
+def _position_readers(config: Any) -> tuple[str, ...]:
+    """What in a model's config reads absolute positions besides its position embeddings."""
+    configs = [config, getattr(config, "text_config", None)]
+    if any(getattr(c, "attn_temperature_tuning", False) for c in configs if c is not None):
+        return ("Llama 4's attn_temperature_tuning (queries scaled by the position in its layers without rotary embeddings)",)
+    return ()

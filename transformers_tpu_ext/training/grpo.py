@@ -72,7 +72,10 @@ class GRPOFacts:
     ``generate()`` stops (``stop_strings``, ``max_time``); ``max_completion_length``: the most tokens
     ``generate()`` makes (its config's ``max_new_tokens``: TRL's ``max_completion_length`` unless
     ``generation_kwargs`` changed it); ``pad_to_multiple_of``; ``causal_lm``: a Transformers causal LM; ``lengths``: its rotary embeddings;
-    ``cache_implementation``: the generation config's (``GRPOConfig.cache_implementation``).
+    ``cache_implementation``: the generation config's (``GRPOConfig.cache_implementation``);
+    ``position_readers``: what else in the model reads a token's absolute position (Llama 4's
+    ``attn_temperature_tuning`` scales the queries of its layers without rotary embeddings by a
+    function of the position).
     """
 
     loss: LibraryLoss | str
@@ -88,6 +91,7 @@ class GRPOFacts:
     causal_lm: bool = True
     lengths: ModelLengths = field(default_factory=ModelLengths)
     cache_implementation: str | None = None
+    position_readers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ def grpo_path(facts: GRPOFacts, *, ladder: Sequence[int], reuse: float = 1.5) ->
     if facts.lengths.unknown or facts.lengths.readers:
         kinds = ", ".join(facts.lengths.unknown or sorted({r.rope_type for r in facts.lengths.readers}))
         return f"rotary embeddings that read the length ({kinds}): extra prompt padding would change them"
+    if facts.position_readers:
+        return f"{', '.join(facts.position_readers)} reads absolute positions: extra left padding would change them"
     if not facts.lengths.rotary:
         return "positions without rotary embeddings: extra left padding would move every real token's position"
     if not facts.max_completion_length or facts.max_completion_length < 1:

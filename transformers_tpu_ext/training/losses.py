@@ -53,6 +53,7 @@ class LibraryLoss:
     option: str
     option_values: frozenset[str]
     reads: str
+    versions: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # narrower than TRL_VERSIONS
 
 
 KNOWN_LOSSES: dict[str, LibraryLoss] = {
@@ -70,6 +71,8 @@ KNOWN_LOSSES: dict[str, LibraryLoss] = {
             "trl.trainer.grpo_trainer.GRPOTrainer", "TRL's GRPO loss", "loss_type",
             frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}),
             "per-token terms times completion_mask, divided by a count of that mask, a constant or num_items_in_batch",
+            # the trl_grpo patch also wraps private methods of 1.16's GRPOTrainer: the next minor is read first
+            versions=((1, 16), (1, 17)),
         ),
     )
 }
@@ -103,7 +106,7 @@ def library_loss(
     if loss is None:
         return "a loss of your own (compute_loss or compute_loss_func): whether it ignores padding is unknown"
     found = _version(version)
-    low, high = TRL_VERSIONS
+    low, high = loss.versions or TRL_VERSIONS
     if found is None or not low <= found < high:
         return f"{loss.name} of TRL {version}: only TRL >= {'.'.join(map(str, low))}, < {'.'.join(map(str, high))} was read"
     if compute_loss_func:

@@ -313,6 +313,10 @@ GRPO_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("`top_entropy_quantile=0.2`", {"top_entropy_quantile": 0.2}),
     ("GPT-2 or another model with a position table", {"lengths": ModelLengths()}),
     ("dynamic NTK RoPE or LongRoPE (Phi-3.5)", {"lengths": ModelLengths((Rotary("longrope", 4096),))}),
+    ("Llama 4 (`attn_temperature_tuning`)", {"position_readers": ("Llama 4's attn_temperature_tuning (queries scaled by "
+                                                                  "the position in its layers without rotary embeddings)",)}),
+    ("TRL 1.17 or later", {"loss": losses.library_loss("trl.trainer.grpo_trainer.GRPOTrainer", version="1.17.0",
+                                                       options={"loss_type": "dapo"})}),
     ('`generation_kwargs={"stop_strings": [...]}`', {"other_stops": ("stop_strings",)}),
     ('`generation_kwargs={"eos_token_id": ...}` with ids the tokenizer and model do not end on', {"stop_tokens": False}),
     ("`use_liger_kernel=True` (or a `compute_loss_func`)", {
