@@ -98,16 +98,20 @@ def test_a_request_longer_than_the_pool_is_refused_and_the_others_complete(small
         with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN"):  # past the max length: its message
             manager.add_request(list(range(3, 133)), max_new_tokens=NEW)
         with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
-            lowered = manager.add_request(near_full, max_new_tokens=NEW)
-        assert any("lowered to fit the TPU paged KV cache (64 tokens" in r.getMessage() for r in caplog.records)
+            lowered = manager.add_request(near_full, max_new_tokens=NEW, request_id="near-full")
+            again = manager.add_request(near_full, max_new_tokens=NEW, request_id="near-full-again")
+        said = [r.getMessage() for r in caplog.records]
+        for request in ("near-full", "near-full-again"):  # every lowered request is named, not only the first
+            assert any(f"request {request}: max_new_tokens lowered from {NEW} to 2 to fit the TPU paged KV cache (64 tokens" in m
+                       for m in said), said
         last = manager.add_request(PROMPTS[1], max_new_tokens=NEW)
-        results = {r.request_id: r for r in (manager.get_result(timeout=120) for _ in range(3))}
+        results = {r.request_id: r for r in (manager.get_result(timeout=120) for _ in range(4))}
     finally:
         manager.stop(block=True)
     assert all(r.error is None for r in results.values())
     cpu = _cpu([PROMPTS[0], near_full, PROMPTS[1]])
     assert results[first].generated_tokens == cpu[0].generated_tokens
-    assert results[lowered].generated_tokens == cpu[1].generated_tokens[:2]
+    assert results[lowered].generated_tokens == results[again].generated_tokens == cpu[1].generated_tokens[:2]
     assert results[last].generated_tokens == cpu[2].generated_tokens
 
 
@@ -121,9 +125,6 @@ def test_requests_added_before_the_cache_exists_get_the_same_pool_check(small_st
     from transformers import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.requests import RequestStatus
 
-    from transformers_tpu_ext.core import wrapping
-
-    monkeypatch.setattr(wrapping, "_warned", set())  # the lowering's warning, said once per process
     monkeypatch.setenv("TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN", "128")
     long_prompt, near_full = list(range(3, 103)), list(range(100, 162))
     model = tiny.tiny_model("qwen3", seed=0).to("tpu")
@@ -141,7 +142,8 @@ def test_requests_added_before_the_cache_exists_get_the_same_pool_check(small_st
     first, refused, lowered, last = (results[i] for i in ids)
     assert refused.status == RequestStatus.FAILED
     assert "100 tokens; the TPU paged KV cache holds 64 tokens in all (4 pages of 16" in refused.error
-    assert any("lowered to fit the TPU paged KV cache (64 tokens" in r.getMessage() for r in caplog.records)
+    assert any(f"request {ids[2]}: max_new_tokens lowered from {NEW} to 2 to fit the TPU paged KV cache (64 tokens"
+               in r.getMessage() for r in caplog.records)
     assert [first.error, lowered.error, last.error] == [None, None, None]
     cpu = _cpu([PROMPTS[0], near_full, PROMPTS[1]])
     assert first.generated_tokens == cpu[0].generated_tokens

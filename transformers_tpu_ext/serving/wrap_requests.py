@@ -18,7 +18,7 @@ from typing import Any
 
 from . import policy as serving
 from .plan import plan_of as _plan_of
-from ..core.wrapping import warn_once
+from ..core.wrapping import logger, warn_once
 
 __all__ = ["add_request", "add_requests", "add_waiting_request", "mark_cache"]
 
@@ -74,10 +74,19 @@ def add_waiting_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     within = pool.fit_to_pool(prompt, state.max_new_tokens, cache.max_tokens_read, num_blocks=cache.num_blocks,
                               page_size=plan.page_size)  # ValueError: the request fails alone, with the message
     if state.max_new_tokens is not None and within < state.max_new_tokens:
-        warn_once(f"max_new_tokens lowered to fit the TPU paged KV cache ({cache.max_tokens_read} tokens in all)")
+        _lowered(getattr(state, "request_id", None), state.max_new_tokens, within, cache.max_tokens_read)
         state.max_new_tokens = within
         state._new_tokens_limit = within  # what RequestState.__post_init__ derived from max_new_tokens
     return wrapped(*args, **kwargs)
+
+
+def _lowered(request_id: Any, asked: int, granted: int, pool_tokens: int) -> None:
+    """Say, for every request it happens to, that its ``max_new_tokens`` was lowered to fit the pool (a
+    client sees only a length stop)."""
+    logger.warning(
+        "transformers-tpu-ext: request %s: max_new_tokens lowered from %d to %d to fit the TPU paged KV cache "
+        "(%d tokens in all)", request_id if request_id is not None else "(no id yet)", asked, granted, pool_tokens,
+    )
 
 
 def _fitted_request(instance: Any, plan: serving.ServingPlan, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -100,7 +109,7 @@ def _fitted_request(instance: Any, plan: serving.ServingPlan, args: tuple, kwarg
             len(input_ids), fitted, cache.max_tokens_read, num_blocks=cache.num_blocks, page_size=plan.page_size
         )  # a prompt longer than the whole pool raises here, before it can stop the requests in flight
         if within != fitted:
-            warn_once(f"max_new_tokens lowered to fit the TPU paged KV cache ({cache.max_tokens_read} tokens in all)")
+            _lowered(kwargs.get("request_id", args[1] if len(args) > 1 else None), fitted, within, cache.max_tokens_read)
             fitted = within
     if fitted != asked:
         if len(args) > 2:
