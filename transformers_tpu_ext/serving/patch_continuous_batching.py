@@ -244,6 +244,7 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     local = None
     if facts.tp.tp_size > 1:  # each rank's own heads (serving.tensor_parallel)
         local, plan.kv_head_split = tensor_parallel.local_heads(facts.tp), tensor_parallel.kv_split(facts.tp)
+        plan.local_heads = local
     plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local)
     resolved.tpu_plan = plan
 
@@ -349,10 +350,12 @@ def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
     from transformers.generation.continuous_batching.utils import find_head_dim
 
+    # under TP, upstream's handler divides the heads by the cache's split, not by what a rank computes
+    heads, kv_heads = plan.local_heads or (handler.num_attention_heads, handler.num_key_value_heads)
     return serving.step_bytes(
         plan,
-        heads=handler.num_attention_heads,
-        kv_heads=handler.num_key_value_heads,
+        heads=heads,
+        kv_heads=kv_heads,
         head_dim=find_head_dim(handler.config),
         itemsize=handler.activation_dtype.itemsize,
         vocab_size=handler.config.vocab_size,

@@ -112,6 +112,9 @@ class ServingPlan:
     #: under tensor parallelism, what the paged cache divides the model's key-value heads by to hold one
     #: rank's (``tensor_parallel.kv_split``); ``None`` without tensor parallelism
     kv_head_split: int | None = None
+    #: under tensor parallelism, the (query heads, key-value heads) one rank computes and caches
+    #: (``tensor_parallel.local_heads``); ``None`` without tensor parallelism
+    local_heads: tuple[int, int] | None = None
     #: what the user should know about this plan (explicit rungs a smaller limit cut), logged once
     notes: tuple[str, ...] = ()
     cache: CachePlan | None = None
