@@ -36,7 +36,7 @@ mkdir -p "$PEER" "$RES"
 
 # 1. test-only dependencies, outside the venv
 if [ ! -f "$PEER/extra/pytest_timeout.py" ]; then
-  "$PY" -m pip install -q --no-deps --target "$PEER/extra" pytest-timeout parameterized \
+  "$PY" -m pip install -q --no-deps --target "$PEER/extra" pytest-timeout pytest-datadir parameterized \
     || { echo "pip --target of the test deps failed"; exit 2; }
 fi
 # 2. TRL's tests and scripts, and the offline stand-ins
