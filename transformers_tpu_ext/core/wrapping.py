@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from typing import Any, Callable
@@ -13,6 +14,33 @@ logger = logging.getLogger("transformers_tpu_ext")
 _MISSING = object()
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+
+class _BoundWrapper(wrapt.BoundFunctionWrapper):
+    """A wrapped method bound to an instance copies and pickles as a bound method does: as the same method
+    of the copied (or unpickled) instance. wrapt's proxies refuse both, and Transformers' and PEFT's objects
+    keep bound methods of a model: ``PeftModelForCausalLM`` holds ``base_model.prepare_inputs_for_generation``,
+    so ``copy.deepcopy(peft_model)`` (TRL's tests, users' reference models) failed with the plugin active."""
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        if self._self_instance is None:
+            return super().__reduce_ex__(protocol)
+        return getattr, (self._self_instance, self.__name__)
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        return self if self._self_instance is None else getattr(self._self_instance, self.__name__)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        if self._self_instance is None:
+            return self
+        return getattr(copy.deepcopy(self._self_instance, memo), self.__name__)
+
+
+class _FunctionWrapper(wrapt.FunctionWrapper):
+    __bound_function_wrapper__ = _BoundWrapper
 
 
 class Wraps:
@@ -31,7 +59,7 @@ class Wraps:
             return
         # On a class, remember what its own __dict__ held (nothing, if the method is inherited).
         before = vars(parent).get(attribute, _MISSING) if isinstance(parent, type) else original
-        wrapt.wrap_function_wrapper(parent, attribute, wrapper)
+        wrapt.wrap_object(parent, attribute, _FunctionWrapper, (wrapper,))
         self._saved.append((parent, attribute, before))
 
     def replace(self, parent: Any, attribute: str, value: Any) -> None:

@@ -275,8 +275,26 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             _COMPILE_CACHE.hits += 1
     if back is not None:
         return _map_back(out, back)
+    if _inference_mode() and func.is_view:
+        return _wrap_view(out)
     if out.__class__ is torch.Tensor and not out.is_meta:
         return TpuTensor._wrap_cpu(out)
+    return _wrap(out)
+
+
+_inference_mode = torch.is_inference_mode_enabled
+
+
+def _wrap_view(out: Any) -> Any:
+    """A view taken inside ``torch.inference_mode()`` is an inference tensor only if its base is one (as on
+    the CPU and on a chip): the wrapper of a view of an ordinary tensor is made outside inference mode, or
+    autograd cannot share the base's version counter with it ("Cannot set version_counter for inference
+    tensor"; GRPO scores its completions so)."""
+    if isinstance(out, torch.Tensor) and not out.is_inference():
+        with torch.inference_mode(False):
+            return _wrap(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_view(o) for o in out)
     return _wrap(out)
 
 
