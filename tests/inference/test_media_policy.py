@@ -90,16 +90,9 @@ torch = pytest.importorskip("torch")
 
 
 def _audio_model(norm: str, family: str = "wav2vec2"):
-    from transformers import HubertConfig, HubertForSequenceClassification, Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+    from transformers_tpu_ext.testing.tiny_media import tiny_audio_classifier
 
-    config_class, model_class = {"wav2vec2": (Wav2Vec2Config, Wav2Vec2ForSequenceClassification),
-                                 "hubert": (HubertConfig, HubertForSequenceClassification)}[family]
-    torch.manual_seed(0)
-    config = config_class(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                          conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_conv_pos_embeddings=16,
-                          num_conv_pos_embedding_groups=2, feat_extract_norm=norm, classifier_proj_size=16,
-                          num_labels=3, initializer_range=0.3)
-    return model_class(config).eval()
+    return tiny_audio_classifier(family, norm)
 
 
 def _padded_logits(model, clips: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,15 +119,13 @@ def test_a_group_norm_model_reads_the_padding():
 
 
 def test_the_facts_read_off_the_models():
-    from transformers import ViTConfig, ViTForImageClassification
-
     from transformers_tpu_ext.inference.media_calls import media_facts
+    from transformers_tpu_ext.testing.tiny_media import tiny_vit
 
     facts = media_facts(_audio_model("layer"))
     assert (facts.task, facts.family, facts.feat_extract_norm, facts.conv_kernel, facts.conv_stride) == (
         "audio_classification", "wav2vec2", "layer", (10, 3), (5, 2))
     assert facts.accepts == frozenset({"input_values", "attention_mask"}) and not facts.adapter
-    vit = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, intermediate_size=64)).eval()
+    vit = tiny_vit()
     assert media_facts(vit).task == "image_classification" and "pixel_values" in media_facts(vit).accepts
     assert media_facts(torch.nn.Linear(2, 2)) == MediaFacts()
