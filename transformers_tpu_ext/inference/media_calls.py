@@ -70,6 +70,7 @@ class MediaCalls(Bucketed):
 
     padding = media.MEDIA_PADDING
     lead = "input_values"
+    mask_dtype = "int32"  # as the feature extractors make it (half the bytes of a long mask)
 
     def __init__(self, model: Any, **options: Any) -> None:
         super().__init__(model, **options)

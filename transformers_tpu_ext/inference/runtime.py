@@ -60,6 +60,7 @@ class Bucketed:
     #: The inputs padded and their padding value (``None``: the pad token id); the input a missing mask covers.
     padding: Mapping[str, Any] = policy.PADDING
     lead = "input_ids"
+    mask_dtype = "long"  # of a mask added where a batch has none (a torch dtype's name)
 
     def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE,
                  drop_cache: bool = False, on_tpu_only: bool = True, positional_ids: bool = False) -> None:
@@ -220,7 +221,7 @@ class Bucketed:
             plan = dataclasses.replace(plan, keys=())
         if plan.add_mask:
             ids = kwargs[self.lead]
-            values["attention_mask"] = torch.ones(tuple(ids.shape[:2]), dtype=torch.long)
+            values["attention_mask"] = torch.ones(tuple(ids.shape[:2]), dtype=getattr(torch, self.mask_dtype))
         for key in plan.keys + (("attention_mask",) if plan.add_mask else ()):
             tensor = values[key]
             if tensor.device.type != "cpu":
