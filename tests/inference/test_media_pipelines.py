@@ -21,11 +21,18 @@ import transformers_tpu_ext as ext  # noqa: E402
 from transformers_tpu_ext.inference import media, policy, runtime  # noqa: E402
 from transformers_tpu_ext.inference.media_calls import MediaCalls  # noqa: E402
 from transformers_tpu_ext.testing.programs import NewProgramsError  # noqa: E402
-from transformers_tpu_ext.testing.tiny_media import clips, images, requests, tiny_audio_classifier, tiny_vit  # noqa: E402
+from transformers_tpu_ext.testing.tiny_media import (  # noqa: E402
+    clips,
+    images,
+    requests,
+    tiny_audio_classifier,
+    tiny_vit,
+    tiny_whisper,
+)
 
 from _inference import assert_same, steady  # noqa: E402
 
-pytestmark = pytest.mark.slow  # ~70 s in all: 200 images, 4 x 200 clips, each on the CPU and on the TPU
+pytestmark = pytest.mark.slow  # ~75 s of CPU in all: 200 images, 5 x 200 clips, each on the CPU and on the TPU
 
 BATCH = 8
 
@@ -117,3 +124,20 @@ def test_group_norm_over_time_is_refused_and_gives_the_cpus_results(tpu):
     _, calls = _audio("group", True)
     assert calls.padded == 0
     assert any("GroupNorm over time" in reason for reason in calls.reasons)
+
+
+def test_whisper_audio_classification_pads_rows_only(tpu):
+    # The feature extractor pads every clip to one length (here 1 s): requests of 1 to 12 clips vary the rows only.
+    first, second = requests(clips(100, 5, longest=6000), 5), requests(clips(100, 6, longest=6000), 6)
+    model, extractor = tiny_whisper()
+    expected = _serve(pipeline("audio-classification", model=model, feature_extractor=extractor, device="cpu"),
+                      first + second, top_k=3)
+    model, extractor = tiny_whisper()
+    pipe = pipeline("audio-classification", model=model, feature_extractor=extractor, device="tpu")
+    got = _serve(pipe, first, top_k=3)
+    with steady("the second 100 clips (Whisper)"):
+        got += _serve(pipe, second, top_k=3)
+    calls = runtime.for_model(pipe.model, drop_cache=True, kind=MediaCalls)
+    assert calls.padded > 0 and not calls.reasons, calls.reasons
+    assert_same(got, expected)
+    assert len({row[0]["label"] for row in got}) > 1, "a constant classifier proves nothing"

@@ -28,8 +28,8 @@ def test_images_pad_rows_only():
     assert plan == CallPlan(rows=4, length=32, original_rows=3, original_length=32, keys=("pixel_values",), pad_token_id=0)
     assert plan_media_call({"pixel_values": (3, 3, 32, 32)}, VIT, used_rows={8}).rows == 8  # a partial batch
     assert "pixel_mask" in plan_media_call({"pixel_values": (3, 3, 32, 32), "pixel_mask": (3, 32, 32)}, VIT)
-    assert "not a batch of float images" in plan_media_call({"pixel_values": (3, 32, 32)}, VIT)
-    assert "not a batch of float images" in plan_media_call({"pixel_values": (3, 3, 32, 32)}, VIT, dtypes={"pixel_values": "int"})
+    assert "not a batch of 3-D float inputs" in plan_media_call({"pixel_values": (3, 32, 32)}, VIT)
+    assert "not a batch of 3-D float inputs" in plan_media_call({"pixel_values": (3, 3, 32, 32)}, VIT, dtypes={"pixel_values": "int"})
 
 
 def test_audio_pads_samples_under_a_mask_to_a_rung():
@@ -39,6 +39,12 @@ def test_audio_pads_samples_under_a_mask_to_a_rung():
     assert (no_mask.keys, no_mask.add_mask) == (("input_values",), True)
     assert plan_media_call(_clips(4, 1500), W2V, used={2048}).length == 2048  # a short batch reuses a longer rung
     assert media.audio_ladder()[:5] == (1024, 1536, 2048, 3072, 4096)
+
+
+def test_whispers_fixed_length_features_pad_rows_only():
+    whisper = dataclasses.replace(W2V, family="whisper", feat_extract_norm=None, conv_kernel=(), conv_stride=())
+    plan = plan_media_call({"input_features": (3, 80, 3000)}, whisper)
+    assert (plan.rows, plan.length, plan.keys, plan.add_mask) == (4, 3000, ("input_features",), False)
 
 
 def test_frames_of_a_convolutional_feature_extractor():
@@ -58,6 +64,7 @@ def test_frames_of_a_convolutional_feature_extractor():
         ({"task": None}, None, {}, "not an image or audio classifier"),
         ({"accepts": frozenset({"input_values"})}, _clips(2, 900, mask=False), {}, "takes no attention_mask"),
         ({}, {"input_features": (2, 80, 3000)}, {}, "no input_values"),
+        ({"family": "whisper"}, {"input_features": (2, 80, 3000), "attention_mask": (2, 3000)}, {}, "other than input_features"),
         ({}, {**_clips(2, 900), "labels": (2,)}, {}, "no known padding: labels"),
         ({}, {"input_values": (2, 900), "attention_mask": (2, 800)}, {}, "not both (batch, samples)"),
         ({}, _clips(2, 12), {}, "12 samples make no frame"),
@@ -78,7 +85,7 @@ def test_positional_calls_and_float_masks_run_unpadded():
 def test_the_pipelines_are_bucketed_and_the_docs_table_comes_from_the_predicate(monkeypatch):
     assert media.MEDIA_PIPELINES <= policy.PIPELINES
     cells = [row.split(" | ")[1] for row in paths.media_table().splitlines()[2:]]
-    assert len(cells) == len(paths.MEDIA_CASES) and sum(cell != "as it is" for cell in cells) == 3
+    assert len(cells) == len(paths.MEDIA_CASES) and sum(cell != "as it is" for cell in cells) == 4
     before = paths.media_table()
     monkeypatch.setattr(media, "AUDIO_FAMILIES", frozenset({"hubert"}))
     assert paths.media_table() != before

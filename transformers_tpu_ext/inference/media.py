@@ -18,7 +18,9 @@ What varies from one batch to the next, and what reads the padding:
   ``feat_extract_norm="group"`` (a GroupNorm over time in the first convolution reads every sample,
   padding included), an adapter (strided convolutions over frames after the encoder, nothing zeroed),
   hidden states or attentions asked for (per frame, not cut back), a batch shorter than one frame
-  (upstream's error), a model that takes no attention mask.
+  (upstream's error), a model that takes no attention mask. Whisper's audio classifier
+  (:data:`FIXED_LENGTH_AUDIO`) takes log-mel ``input_features`` its feature extractor pads to 30 s: only
+  its rows are padded, as images' are.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .policy import CallPlan, row_ladder
 
 __all__ = [
     "AUDIO_FAMILIES",
+    "FIXED_LENGTH_AUDIO",
     "MEDIA_PADDING",
     "MEDIA_PIPELINES",
     "MEDIA_TASKS",
@@ -46,8 +49,11 @@ MEDIA_PIPELINES = frozenset({"ImageClassificationPipeline", "AudioClassification
 MEDIA_TASKS = ("image_classification", "audio_classification")
 #: Audio families whose feature extractor, encoder and pooling were read (see the module's docstring).
 AUDIO_FAMILIES = frozenset({"wav2vec2", "hubert"})
+#: Audio families whose feature extractor pads or cuts every clip to one length (Whisper: 30 s of log-mel
+#: ``input_features``): only their rows vary, and are padded as images' are.
+FIXED_LENGTH_AUDIO = frozenset({"whisper"})
 #: Inputs a media call may be padded in, and their padding value.
-MEDIA_PADDING: dict[str, float | int] = {"pixel_values": 0.0, "input_values": 0.0, "attention_mask": 0}
+MEDIA_PADDING: dict[str, float | int] = {"pixel_values": 0.0, "input_values": 0.0, "input_features": 0.0, "attention_mask": 0}
 
 _AUDIO_TOP = 1 << 24
 
@@ -120,14 +126,15 @@ def plan_media_call(
         return "a model in training mode (dropout, batch statistics): call model.eval() first"
     if model.experts:
         return "a mixture-of-experts router: an expert capacity counts every row"
-    if model.task == "image_classification":
-        if set(tensors) != {"pixel_values"}:
-            return f"inputs other than pixel_values: {', '.join(sorted(set(tensors) - {'pixel_values'})) or 'none'}"
-        shape = tensors["pixel_values"]
-        if dtypes.get("pixel_values") not in (None, "float") or len(shape) != 4 or shape[0] < 1:
-            return "pixel_values that are not a batch of float images (rows, channels, height, width)"
+    if model.task == "image_classification" or model.family in FIXED_LENGTH_AUDIO:
+        key, rank = ("pixel_values", 4) if model.task == "image_classification" else ("input_features", 3)
+        if set(tensors) != {key}:
+            return f"inputs other than {key}: {', '.join(sorted(set(tensors) - {key})) or 'none'}"
+        shape = tensors[key]
+        if dtypes.get(key) not in (None, "float") or len(shape) != rank or shape[0] < 1:
+            return f"{key} that are not a batch of {rank - 1}-D float inputs"
         return CallPlan(rows=_rows(shape[0], rows_ladder, used_rows), length=shape[-1], original_rows=shape[0],
-                        original_length=shape[-1], keys=("pixel_values",), pad_token_id=0)
+                        original_length=shape[-1], keys=(key,), pad_token_id=0)
     if model.family not in AUDIO_FAMILIES:
         return f"an audio model of the family {model.family!r}: what reads its padding is not known"
     if model.feat_extract_norm != "layer":

@@ -125,7 +125,9 @@ MEDIA_CASES: tuple[CallCase, ...] = (
     CallCase("wav2vec2 with an adapter (`add_adapter=True`)", _m(_WAV2VEC2, adapter=True), _CLIPS),
     CallCase("a clip shorter than one frame (300 samples)", _WAV2VEC2, {"input_values": (3, 300)}),
     CallCase("`output_hidden_states=True` (per frame)", _WAV2VEC2, _CLIPS, {"output_hidden_states": True}),
-    CallCase("other audio families (WavLM, Data2VecAudio, AST, Whisper...)", _m(_WAV2VEC2, family="wavlm"), _CLIPS),
+    CallCase("Whisper's audio classifier: log-mel `input_features`, every clip padded to 30 s", _m(_WAV2VEC2, family="whisper"),
+             {"input_features": (3, 80, 3000)}),
+    CallCase("other audio families (WavLM, Data2VecAudio, AST...)", _m(_WAV2VEC2, family="wavlm"), _CLIPS),
     CallCase("an image classifier in training mode", _m(_VIT, training=True), _IMAGES),
 )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["IMAGE_SIZE", "clips", "image_processor", "images", "requests", "tiny_audio_classifier", "tiny_vit"]
+__all__ = ["IMAGE_SIZE", "clips", "image_processor", "images", "requests", "tiny_audio_classifier", "tiny_vit", "tiny_whisper"]
 
 #: The side images are resized to (the ViT's ``image_size``).
 IMAGE_SIZE = 32
@@ -67,6 +67,20 @@ def tiny_audio_classifier(family: str = "wav2vec2", norm: str = "layer", seed: i
                           num_conv_pos_embedding_groups=2, feat_extract_norm=norm, classifier_proj_size=16,
                           num_labels=num_labels, initializer_range=0.3)
     return model_class(config).eval()
+
+
+def tiny_whisper(seed: int = 0, num_labels: int = 3) -> tuple[Any, Any]:
+    """A 2-layer, 32-wide ``WhisperForAudioClassification`` of 1-second clips (16 mel bins, 20 frames of 800 samples) and
+    its ``WhisperFeatureExtractor`` (every clip padded or cut to 16,000 samples), the model in evaluation mode."""
+    import torch
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForAudioClassification
+
+    torch.manual_seed(seed)
+    config = WhisperConfig(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, decoder_layers=1,
+                           decoder_attention_heads=2, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=10,
+                           num_labels=num_labels, initializer_range=0.3, classifier_proj_size=16)
+    return WhisperForAudioClassification(config).eval(), WhisperFeatureExtractor(
+        chunk_length=1, feature_size=16, hop_length=800, n_fft=400)
 
 
 def clips(count: int, seed: int = 0, lengths: list[int] | None = None, shortest: int = 200, longest: int = 3000) -> list[Any]:
