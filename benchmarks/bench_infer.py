@@ -15,7 +15,11 @@ plain: ``HFLM(pretrained=<the model on the TPU>)`` (lm-eval 0.4 takes no ``devic
 ``HFLM(pretrained=<path>, device="tpu")``; ``encode`` (named only, the ``embeddings`` extra):
 ``SentenceTransformer(<the tiny BERT>, device="tpu").encode(texts, batch_size=8)`` with mean pooling
 and normalisation, nothing else (its ``torch.inference_mode()`` decorator taken off: the simulated TPU
-cannot slice a tensor made outside it, with or without the plugin). Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
+cannot slice a tensor made outside it, with or without the plugin); ``audio_classification``: the
+pipeline over clips of 200 to 3,000 random samples (a tiny wav2vec2, ``feat_extract_norm="layer"``,
+the feature extractor's defaults: no mask), ``image_classification`` (named only, the ``vision``
+extra): the pipeline over requests of 1 to 12 random images of random sizes (a tiny ViT; the
+processor resizes them to 32 x 32), batch size 8 within a request. Each side runs in its own subprocess, one per workload (patches are process-global, and a program compiled for
 one workload would be reused by the next):
 
 - ``plain``: plain Transformers 5.24 (``TRANSFORMERS_TPU_EXT_DISABLE=1``), ``device="tpu"``;
@@ -39,9 +43,11 @@ from _common import emit, run_worker, worker_env, write_report
 HERE = Path(__file__).resolve().parent
 BATCH = 8
 WORKLOADS = ("text_classification", "decoder_classifier", "token_classification", "feature_extraction", "fill_mask",
-             "zero_shot", "model_loop")
+             "zero_shot", "model_loop", "audio_classification")
 #: Workloads that need an optional extra, run only when named (``--workloads lm_eval``).
-EXTRA_WORKLOADS = ("lm_eval", "encode")
+EXTRA_WORKLOADS = ("lm_eval", "encode", "image_classification")
+#: Image and audio workloads: their inputs are images or clips, not texts (``_media``).
+MEDIA_WORKLOADS = ("image_classification", "audio_classification")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -97,6 +103,8 @@ def _workload(name: str):
         "model_loop": (None, lambda: tiny_encoder("base"), bert, same, {}),
         "lm_eval": (None, None, None, same, {}),
         "encode": (None, None, None, same, {}),
+        "image_classification": (None, None, None, same, {}),
+        "audio_classification": (None, None, None, same, {}),
     }[name]
 
 
@@ -175,6 +183,31 @@ def _encode(plugin: bool, device: str):
     return model, run
 
 
+def _media(name: str, count: int):
+    """(inputs, a function running the pipeline on a part of them on ``device``) of an image or audio workload."""
+    from transformers import Wav2Vec2FeatureExtractor, pipeline
+
+    from transformers_tpu_ext.testing import tiny_media
+
+    if name == "audio_classification":
+        inputs = tiny_media.clips(count, seed=1)
+
+        def make(device):
+            pipe = pipeline("audio-classification", model=tiny_media.tiny_audio_classifier("wav2vec2", "layer"),
+                            feature_extractor=Wav2Vec2FeatureExtractor(), device=device)
+            return pipe, lambda part: pipe(part, batch_size=BATCH, top_k=3)
+    else:
+        inputs = tiny_media.images(count, seed=1)
+
+        def make(device):
+            pipe = pipeline("image-classification", model=tiny_media.tiny_vit(), image_processor=tiny_media.image_processor(),
+                            device=device)
+            seeds = iter(range(1, 1 << 30))  # each half its own requests (the same on the CPU)
+            return pipe, lambda part: [row for request in tiny_media.requests(part, seed=next(seeds))
+                                       for row in pipe(request, batch_size=BATCH, top_k=4)]
+    return inputs, make
+
+
 def worker(side: str, texts_count: int, workloads: list[str]) -> None:
     import torch
 
@@ -199,6 +232,12 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
         elif name == "encode":
             expected = _encode(plugin, "cpu")[1](texts)
             model, run = _encode(plugin, "tpu")
+        elif name in MEDIA_WORKLOADS:
+            texts, make_pipe = _media(name, texts_count)
+            cpu_run = make_pipe("cpu")[1]
+            expected = cpu_run(texts[:half]) + cpu_run(texts[half:])
+            pipe, run = make_pipe("tpu")
+            task = name
         elif task is None:
             expected = _loop(make(), tokenizer, texts, plugin=False)
             model = make().to("tpu")
@@ -234,6 +273,10 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
                 from transformers_tpu_ext.inference import bucketed
 
                 calls = bucketed(model)
+            elif name in MEDIA_WORKLOADS:
+                from transformers_tpu_ext.inference.media_calls import MediaCalls
+
+                calls = runtime.for_model(pipe.model, drop_cache=True, kind=MediaCalls)
             else:
                 options = {"positional_ids": True} if name == "lm_eval" else {}
                 calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None or name == "lm_eval",

@@ -7,6 +7,8 @@
 - ``runtime``: ``bucketed(model)``, the opt-in API for a user's own loop, and the object the
   ``pipeline_buckets`` patch puts under every pipeline's forward on TPU.
 - ``encoders``: the same around a sentence-transformers model's whole forward (``encode()``).
+- ``media``: which image and audio classifier calls are padded (``plan_media_call``: image rows,
+  wav2vec2/HuBERT samples under a mask, Whisper rows); pure. ``media_calls``: its facts and glue.
 - patches: ``pipeline_buckets`` (every pipeline's forward), ``lm_eval_hf`` (lm-eval's ``HFLM``: its
   bookkeeping on the host, its forward passes bucketed), ``sentence_transformers_encode`` (``encode()``
   of a model on the TPU runs inside ``bucketed(model)``).

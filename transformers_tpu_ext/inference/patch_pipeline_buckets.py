@@ -41,14 +41,19 @@ def _model_on_tpu(pipeline: Any) -> Any:
 
 
 def _forward(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    from . import policy, runtime
+    from . import media, policy, runtime
 
     model = _model_on_tpu(instance)
     if model is None or not policy.pipeline_path(type(instance).__name__):
         return wrapped(*args, **kwargs)
     kwargs = dict(kwargs)  # fail_safe falls back with the caller's own kwargs
     inputs = args[0] if args else kwargs.pop("model_inputs")
-    calls = runtime.for_model(model, drop_cache=True)
+    if type(instance).__name__ in media.MEDIA_PIPELINES:  # images, audio: rows (and samples) padded
+        from .media_calls import MediaCalls
+
+        calls = runtime.for_model(model, drop_cache=True, kind=MediaCalls)
+    else:
+        calls = runtime.for_model(model, drop_cache=True)
     with calls, calls.sent(inputs) as sent:
         return wrapped(sent, *args[1:], **kwargs)
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..training.paths import render_blocks, update_page
+from .media import MediaFacts, plan_media_call
 from .policy import PATIENCE, CallPlan, ModelFacts, plan_call
 
-__all__ = ["CASES", "CallCase", "call_table", "render", "update"]
+__all__ = ["CASES", "MEDIA_CASES", "CallCase", "call_table", "media_table", "render", "update"]
 
 _BERT = ModelFacts(task="sequence_classification", pooling="first", pad_token_id=0, max_positions=512)
 _DECODER = ModelFacts(task="sequence_classification", causal=True, pooling="last_non_pad", pad_token_id=0,
@@ -39,7 +40,7 @@ class CallCase:
     """A model, a call and who reads its outputs (``pipeline``: a pipeline, which never reads a KV cache)."""
 
     what: str
-    model: ModelFacts
+    model: ModelFacts | MediaFacts
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=_text)
     options: Mapping[str, Any] = field(default_factory=dict)
     pipeline: bool = True
@@ -105,7 +106,50 @@ def call_table(cases: Sequence[CallCase] = CASES) -> str:
     return "\n".join(lines)
 
 
-_TABLES = {"inference-calls": call_table}
+_VIT = MediaFacts(task="image_classification", family="vit", accepts=frozenset({"pixel_values"}))
+_WAV2VEC2 = MediaFacts(task="audio_classification", family="wav2vec2", feat_extract_norm="layer",
+                       conv_kernel=(10, 3, 3, 3, 3, 2, 2), conv_stride=(5, 2, 2, 2, 2, 2, 2),
+                       accepts=frozenset({"input_values", "attention_mask"}))
+_IMAGES = {"pixel_values": (3, 3, 224, 224)}
+_CLIPS = {"input_values": (3, 20000), "attention_mask": (3, 20000)}
+
+#: Image and audio classifier calls (``media.plan_media_call``): 3 images of 224 x 224, or 3 clips of 20,000 samples.
+MEDIA_CASES: tuple[CallCase, ...] = (
+    CallCase("image classification (ViT, ConvNeXt, ResNet...): 3 images resized to 224 x 224", _VIT, _IMAGES),
+    CallCase("image classification, another input (`bool_masked_pos`, `pixel_mask`...)", _VIT,
+             {**_IMAGES, "pixel_mask": (3, 224, 224)}),
+    CallCase("audio classification, wav2vec2 / HuBERT with `feat_extract_norm=\"layer\"` and a mask", _WAV2VEC2, _CLIPS),
+    CallCase("the same without a mask (the feature extractor's default)", _WAV2VEC2, {"input_values": (3, 20000)}),
+    CallCase("wav2vec2 / HuBERT with `feat_extract_norm=\"group\"` (wav2vec2-base)", _m(_WAV2VEC2, feat_extract_norm="group"),
+             _CLIPS),
+    CallCase("wav2vec2 with an adapter (`add_adapter=True`)", _m(_WAV2VEC2, adapter=True), _CLIPS),
+    CallCase("a clip shorter than one frame (300 samples)", _WAV2VEC2, {"input_values": (3, 300)}),
+    CallCase("`output_hidden_states=True` (per frame)", _WAV2VEC2, _CLIPS, {"output_hidden_states": True}),
+    CallCase("Whisper's audio classifier: log-mel `input_features`, every clip padded to 30 s", _m(_WAV2VEC2, family="whisper"),
+             {"input_features": (3, 80, 3000)}),
+    CallCase("other audio families (WavLM, Data2VecAudio, AST...)", _m(_WAV2VEC2, family="wavlm"), _CLIPS),
+    CallCase("an image classifier in training mode", _m(_VIT, training=True), _IMAGES),
+)
+
+
+def media_table(cases: Sequence[CallCase] = MEDIA_CASES) -> str:
+    """The markdown table of what an image or audio classifier's call becomes on TPU (default ladders)."""
+    lines = ["| what you run | on TPU | why |", "|---|---|---|"]
+    for case in cases:
+        plan = plan_media_call(case.shapes, case.model, options=case.options)  # type: ignore[arg-type]
+        if isinstance(plan, str):
+            lines.append(f"| {case.what} | as it is | {plan} |")
+        elif plan.length == plan.original_length and not plan.add_mask:
+            lines.append(f"| {case.what} | rows padded to {plan.rows}, outputs cut back to {plan.original_rows} | "
+                         "rows are independent in evaluation |")
+        else:
+            mask = "; a mask added" if plan.add_mask else ""
+            lines.append(f"| {case.what} | padded to {plan.rows} x {plan.length} samples, outputs cut back to "
+                         f"{plan.original_rows}{mask} | the real samples' frames are unchanged, the padded ones masked |")
+    return "\n".join(lines)
+
+
+_TABLES = {"inference-calls": call_table, "media-calls": media_table}
 
 
 def render(text: str) -> str:

@@ -285,13 +285,15 @@ def encoder_facts(modules: Sequence[tuple[str, tuple[str, ...]]], inner: ModelFa
 
 #: Pipelines whose ``_forward`` calls ``self.model(**inputs)`` once per batch and whose ``postprocess``
 #: reads its outputs by field (the tasks tests/inference/test_pipelines.py compares with the CPU).
-#: Others (text generation: ``generate()`` buckets its own calls; image, audio, ...) are upstream's.
+#: Others (text generation: ``generate()`` buckets its own calls; other image and audio tasks...) are upstream's.
 PIPELINES = frozenset({
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
     "FeatureExtractionPipeline",
     "FillMaskPipeline",
     "ZeroShotClassificationPipeline",
+    "ImageClassificationPipeline",  # rows (and an audio batch's samples) padded: inference.media
+    "AudioClassificationPipeline",
 })
 
 

@@ -57,6 +57,11 @@ class Bucketed:
     counts why calls were left unpadded; ``padded`` counts the calls padded.
     """
 
+    #: The inputs padded and their padding value (``None``: the pad token id); the input a missing mask covers.
+    padding: Mapping[str, Any] = policy.PADDING
+    lead = "input_ids"
+    mask_dtype = "long"  # of a mask added where a batch has none (a torch dtype's name)
+
     def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE,
                  drop_cache: bool = False, on_tpu_only: bool = True, positional_ids: bool = False) -> None:
         self._model = weakref.ref(model)  # weak: the registry of for_model() must not keep models alive
@@ -125,7 +130,7 @@ class Bucketed:
         previous = getattr(self._local, "sent", None)
         self._local.sent = {}
         try:
-            keys = [k for k in policy.PADDING if isinstance(inputs, Mapping) and isinstance(inputs.get(k), torch.Tensor)]
+            keys = [k for k in self.padding if isinstance(inputs, Mapping) and isinstance(inputs.get(k), torch.Tensor)]
             host = {k: inputs[k] for k in keys}
             if not keys or any(t.device.type != "cpu" for t in host.values()):
                 yield inputs
@@ -135,7 +140,7 @@ class Bucketed:
                 yield inputs
                 return
             padded = self._pad(host, dataclasses.replace(plan, add_mask=False))
-            views = {k: padded[k][: plan.original_rows, : plan.original_length] for k in keys}
+            views = {k: padded[k][: plan.original_rows, ..., : plan.original_length] for k in keys}
             self._local.sent = {id(view): (view, padded[k]) for k, view in views.items()}
             if isinstance(inputs, dict):
                 moved = type(inputs)(inputs) if type(inputs) is not dict else dict(inputs)
@@ -194,10 +199,13 @@ class Bucketed:
         options = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
         if options.get("return_dict") is False or not getattr(getattr(self.module, "config", None), "return_dict", True):
             return "return_dict=False: tuple outputs whose fields could not be told apart"
+        return self._decide(shapes, dtypes, options, len(args))
+
+    def _decide(self, shapes: dict, dtypes: dict, options: dict, positional: int) -> policy.CallPlan | str:
         return policy.plan_call(
             shapes, self.facts, ladder=self.ladder, used=self.used, used_rows=self.used_rows, reuse=self.reuse,
             deferred=self.deferred, patience=self.patience, dtypes=dtypes,
-            options=options, positional=len(args), drop_cache=self.drop_cache,
+            options=options, positional=positional, drop_cache=self.drop_cache,
         )
 
     def _pad(self, kwargs: dict, plan: policy.CallPlan) -> dict:
@@ -208,20 +216,20 @@ class Bucketed:
         sent = getattr(self._local, "sent", None) or {}
         values = dict(kwargs)
         full = {k: sent[id(values[k])][1] for k in plan.keys if id(values[k]) in sent and sent[id(values[k])][0] is values[k]}
-        if len(full) == len(plan.keys) and all(tuple(t.shape) == (plan.rows, plan.length) for t in full.values()):
+        if len(full) == len(plan.keys) and all((t.shape[0], t.shape[-1]) == (plan.rows, plan.length) for t in full.values()):
             values.update(full)  # already padded and sent (sent()): the padded tensors themselves
             plan = dataclasses.replace(plan, keys=())
         if plan.add_mask:
-            ids = kwargs["input_ids"]
-            values["attention_mask"] = torch.ones(ids.shape, dtype=torch.long)
+            ids = kwargs[self.lead]
+            values["attention_mask"] = torch.ones(tuple(ids.shape[:2]), dtype=getattr(torch, self.mask_dtype))
         for key in plan.keys + (("attention_mask",) if plan.add_mask else ()):
             tensor = values[key]
             if tensor.device.type != "cpu":
                 tensor = tensor.to("cpu")  # padding on the device would compile a program per unpadded shape
-            fill = policy.PADDING[key]
+            fill = self.padding[key]
             tensor = F.pad(tensor, (0, plan.length - plan.original_length), value=plan.pad_token_id if fill is None else fill)
             if plan.rows > plan.original_rows:
-                tensor = torch.cat([tensor, tensor[:1].expand(plan.rows - plan.original_rows, -1)])
+                tensor = torch.cat([tensor, tensor[:1].expand(plan.rows - plan.original_rows, *tensor.shape[1:])])
             values[key] = tensor.to(device)
         if plan.no_cache:
             values["use_cache"] = False
