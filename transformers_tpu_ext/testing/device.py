@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from . import generators as _generators
+from . import inference_views
 from .compile_cache import CACHE as _COMPILE_CACHE
 from .device_state import _CPU, DEVICE_MISMATCH, STATE, _fake_mode_active  # noqa: F401 - device.STATE, device._fake_mode_active
 from .device_storage import _device_storage, _host_storage, _written  # noqa: F401 - device._device_storage
@@ -275,26 +276,10 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             _COMPILE_CACHE.hits += 1
     if back is not None:
         return _map_back(out, back)
-    if _inference_mode() and func.is_view:
-        return _wrap_view(out)
+    if torch.is_inference_mode_enabled() and func.is_view:
+        return inference_views.wrap_view(out, _wrap)
     if out.__class__ is torch.Tensor and not out.is_meta:
         return TpuTensor._wrap_cpu(out)
-    return _wrap(out)
-
-
-_inference_mode = torch.is_inference_mode_enabled
-
-
-def _wrap_view(out: Any) -> Any:
-    """A view taken inside ``torch.inference_mode()`` is an inference tensor only if its base is one (as on
-    the CPU and on a chip): the wrapper of a view of an ordinary tensor is made outside inference mode, or
-    autograd cannot share the base's version counter with it ("Cannot set version_counter for inference
-    tensor"; GRPO scores its completions so)."""
-    if isinstance(out, torch.Tensor) and not out.is_inference():
-        with torch.inference_mode(False):
-            return _wrap(out)
-    if isinstance(out, (list, tuple)):
-        return type(out)(_wrap_view(o) for o in out)
     return _wrap(out)
 
 
