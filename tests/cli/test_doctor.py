@@ -171,3 +171,16 @@ def test_compile_cache_problems_an_unwritable_root_and_entries_of_other_releases
     assert any("/ro/cache/torch_tpu-0.2.0 cannot be created or written: torch_tpu aborts" in p for p in problems)
     (stale,) = [p for p in problems if "other releases" in p]
     assert "/ro/cache/torch_tpu-0.1.1 (12 entries, 3.0 MiB)" in stale and "0.1.0" not in stale
+
+
+def test_a_patch_whose_library_is_not_installed_waits_and_is_no_problem(v6e, capsys, monkeypatch):
+    from transformers_tpu_ext import registry
+
+    real = registry.installed
+    monkeypatch.setattr(registry, "installed", lambda target: not target.startswith("lm_eval") and real(target))
+    out = _doctor(capsys)
+    assert "waiting       lm_eval_hf (lm_eval): the library is not installed" in out
+    assert "lm_eval_hf" not in _line(out, "active") and "skipped       none" in out
+    report = json.loads(_doctor(capsys, "--json"))
+    assert report["patches"]["library_not_installed"] == {"lm_eval_hf": "lm_eval"}
+    assert "lm_eval_hf" not in report["patches"]["skipped"] and "lm_eval_hf" not in report["patches"]["pending"]

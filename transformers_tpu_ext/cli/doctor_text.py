@@ -76,6 +76,9 @@ def format_text(report: dict[str, Any]) -> str:
     if patches.get("disable_env"):
         lines.append(f"  {config.DISABLE_ENV}={patches['disable_env']}")
     lines.append(f"  active        {', '.join(patches['active']) or 'none'}")
+    if patches.get("library_not_installed"):
+        waiting = ", ".join(f"{name} ({library})" for name, library in patches["library_not_installed"].items())
+        lines.append(f"  waiting       {waiting}: the library is not installed; the patch applies once it is")
     if patches["skipped"]:
         lines.append("  skipped")
         lines += [f"    {name}: {reason}" for name, reason in patches["skipped"].items()]
