@@ -171,6 +171,8 @@ def _on_import(name: str, module: ModuleType) -> None:
             gated = reason is not None
             if reason is None:
                 _note_untested(patch.DISTRIBUTION)
+                reason = _changed_target(patch, module)
+            if reason is None:
                 patch.apply(module)
         except Exception as error:  # noqa: BLE001 - a broken patch must not break the import
             reason = f"failed to apply ({type(error).__name__}: {error})"
@@ -205,6 +207,22 @@ def _on_import(name: str, module: ModuleType) -> None:
             log.warn(f"transformers-tpu-ext: patch {name!r} skipped: {reason}", stacklevel=2)
     except Exception as error:  # noqa: BLE001
         logger.warning("transformers-tpu-ext: post-import hook for %r failed: %r", name, error)
+
+
+def _changed_target(patch: ModuleType, module: ModuleType) -> str | None:
+    """Why ``patch`` stands aside because its target no longer holds what it relies on (``RELIES_ON``),
+    naming the installed and the tested releases; ``None`` when everything holds."""
+    from .core import relies, versions
+
+    changed = relies.check(module, tuple(getattr(patch, "RELIES_ON", ())))
+    if changed is None:
+        return None
+    dist = patch.DISTRIBUTION
+    tested = versions.tested_versions(dist)
+    return (
+        f"stands aside: {dist} {versions.installed_version(dist)} changed what it relies on ({changed}); "
+        f"tested with {dist} {', '.join(tested) or '(none listed)'}"
+    )
 
 
 def _patches_of(distribution: str) -> list[str]:

@@ -8,6 +8,8 @@ A patch named ``NAME`` of capability ``CAPABILITY`` is the module
   scripts.
 - ``TARGET``: the dotted name of the module whose import triggers ``apply``.
 - ``DISTRIBUTION``: the distribution whose version gates the patch (ranges in ``requirements.txt``).
+- ``RELIES_ON``: what the patch relies on in its target (``core.relies``: signatures, attributes, defaults),
+  checked before ``apply``; a mismatch makes the patch stand aside with one warning naming the release.
 - ``apply(module)``: install the wrappers (``module`` is the imported ``TARGET``).
 - ``revert()``: restore the exact originals, guard for guard.
 
