@@ -7,7 +7,8 @@ Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.gen
 "Models whose rotary embedding reads the length" (``transformers_tpu_ext.core.length_readers.length_table``),
 docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``) and "Sampling
 parameters per request" (``transformers_tpu_ext.serving.sampling``), and docs/configuration.md, "Every
-setting" (``transformers_tpu_ext.settings.settings_table``), each between
+setting" (``transformers_tpu_ext.settings.settings_table``), and docs/doctor.md, "Hub kernels on TPU"
+(``transformers_tpu_ext.kernels.policy.path_table``), each between
 its ``<!-- generated: ... -->`` and ``<!-- end of generated table -->`` markers.
 ``tests/generation/test_generation_paths_table.py`` fails when the docs and the policy differ.
 """
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers_tpu_ext import settings
     from transformers_tpu_ext.core import length_readers
     from transformers_tpu_ext.generation import paths
+    from transformers_tpu_ext.kernels import policy as kernels_policy
     from transformers_tpu_ext.serving import kernel_path, sampling
     from transformers_tpu_ext.serving import tensor_parallel
 
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         ("serving.md", sampling.BEGIN, sampling.END, sampling.path_table),
         ("serving.md", tensor_parallel.BEGIN, tensor_parallel.END, tensor_parallel.path_table),
         ("configuration.md", settings.BEGIN, settings.END, settings.settings_table),
+        ("doctor.md", kernels_policy.BEGIN, kernels_policy.END, kernels_policy.path_table),
     )
     status = 0
     for name in dict.fromkeys(name for name, *_ in tables):

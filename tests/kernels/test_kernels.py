@@ -114,3 +114,88 @@ def test_with_jax_installed_transformers_reports_the_missing_kernels(tpu_model, 
 def test_use_kernels_false_is_untouched(tpu_model, no_jax):
     tpu_model.set_use_kernels(False)
     assert tpu_model.use_kernels is False
+
+
+# ---- Transformers' default Hub kernels (5.25: use_kernels=None means True) ------------------------------------
+
+needs_default_kernels = pytest.mark.skipif(
+    importlib.util.find_spec("kernels") is None, reason="Transformers turns Hub kernels on by default from 5.25 (with kernels)"
+)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    tiny_model("llama", vocab_size=128).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def _class_forwards(model) -> bool:
+    """No layer of ``model`` has a forward of its own: every one is its class's (kernelize rebinds them)."""
+    return not any("forward" in vars(module) for module in model.modules())
+
+
+@needs_default_kernels
+def test_a_default_load_on_tpu_keeps_the_torch_forwards_and_trains(simulated_tpu, checkpoint, no_jax):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="auto")  # 5.25: kernels on by default
+    assert model.device.type == "tpu" and model.use_kernels is False and _class_forwards(model)
+    model.train()  # 5.25 re-kernelizes a kernelized model here; nothing to do for this one
+    model.eval()
+    assert model.use_kernels is False and _class_forwards(model)
+
+
+@needs_default_kernels
+def test_a_model_kernelized_by_default_on_the_cpu_gets_its_torch_forwards_on_the_tpu(simulated_tpu, checkpoint, no_jax):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert model.device.type == "cpu" and model.use_kernels is True  # upstream's default, on the CPU
+    model.to("tpu").train()  # Transformers' re-kernelization for training, now on the TPU: a default, not a request
+    assert model.use_kernels is False and _class_forwards(model)
+
+
+@needs_default_kernels
+@pytest.mark.parametrize("asked", ["use_kernels", "kernel_config"])
+def test_an_explicit_request_on_tpu_keeps_its_clear_error(simulated_tpu, checkpoint, no_jax, asked):
+    from kernels import Mode
+    from transformers import AutoModelForCausalLM, KernelConfig
+
+    if asked == "use_kernels":
+        request_kwargs = {"use_kernels": True}
+    else:  # registered before the weights load: refused before anything is fetched (no network here)
+        request_kwargs = {"kernel_config": KernelConfig({"RMSNorm": "kernels-community/liger_kernels:LigerRMSNorm"})}
+    with pytest.raises(ImportError, match=INSTALL):
+        AutoModelForCausalLM.from_pretrained(checkpoint, device_map="auto", **request_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="auto")
+    with pytest.raises(ImportError, match=INSTALL):
+        model.set_use_kernels(True, mode=Mode.INFERENCE)  # the user's own call is a request
+
+
+@needs_default_kernels
+def test_turning_kernels_off_on_tpu_is_never_refused(simulated_tpu, checkpoint, no_jax):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)  # kernelized by default, on the CPU
+    model.to("tpu")
+    model.use_kernels = False  # reset_kernels(): kernelize with an empty mapping loads nothing
+    assert model.use_kernels is False and _class_forwards(model)
+
+
+@needs_default_kernels
+def test_with_the_patch_disabled_the_default_is_upstreams(simulated_tpu, checkpoint, no_jax, monkeypatch):
+    import transformers_tpu_ext as ext
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("TRANSFORMERS_TPU_EXT_DISABLE", "use_kernels")
+    ext.deactivate()
+    ext.activate()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="auto")
+        assert model.device.type == "tpu" and model.use_kernels is True  # Transformers kernelized it, on the TPU
+    finally:
+        monkeypatch.delenv("TRANSFORMERS_TPU_EXT_DISABLE")
+        ext.deactivate()
+        ext.activate()

@@ -293,9 +293,9 @@ def known_problems(report: dict[str, Any]) -> list[str]:
                 "TPU_VISIBLE_DEVICES is set but does not restrict the chips torch_tpu uses (known torch_tpu "
                 "defect); choose the chips with --nproc_per_node in `transformers-tpu launch` instead."
             )
+        # kernels without jax is no problem: Transformers' default Hub kernels stay off on TPU, and a request
+        # names the install command (docs/doctor.md, "Hub kernels on TPU").
         kernels = installed("kernels")
-        if kernels and not installed("jax"):
-            problems.append(f"kernels is installed without jax: Hub kernels on TPU wrap JAX/Pallas; {KERNELS_INSTALL}")
         if kernels and _older(kernels, KERNELS_TPU_MIN):
             problems.append(
                 f"kernels {kernels} has no TPU kernels (TPU support starts at {KERNELS_TPU_MIN}): {KERNELS_INSTALL}"
@@ -321,6 +321,12 @@ def known_problems(report: dict[str, Any]) -> list[str]:
             "free the space."
         )
     patches = report.get("patches", {})
+    for name, reason in (patches.get("skipped") or {}).items():
+        if not reason.startswith("disabled"):  # disabled on purpose is no problem
+            problems.append(
+                f"patch {name!r} is not applied: {reason}. What it does is missing until a release of the plugin "
+                "supports this version; meanwhile install a tested release (pip install -c constraints.txt ...)."
+            )
     if patches and not patches.get("plugin_active", True):
         problems.append("the plugin is not active (deactivate() was called): Transformers runs unpatched.")
     return problems

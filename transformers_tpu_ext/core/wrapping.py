@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import sys
 from typing import Any, Callable
 
 import wrapt
@@ -142,3 +143,15 @@ def fail_safe(wrapper: Wrapper) -> Wrapper:
             return wrapped(*args, **kwargs)
 
     return guarded
+
+
+def caller_module() -> str:
+    """The ``__name__`` of the module that called the wrapped function: the first frame outside wrapt and
+    this package (a wrapper runs under wrapt's proxy and :func:`fail_safe`)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name == "wrapt" or name.startswith(("wrapt.", __package__.rpartition(".")[0]))):
+            return name
+        frame = frame.f_back
+    return ""

@@ -17,23 +17,35 @@ bound from it are the checked ones:
   model has no device yet at that point.
 
 ``from_pretrained(..., use_kernels=True)`` / ``kernel_config=...`` / ``model.use_kernels = True``
-go through ``PreTrainedModel.set_use_kernels``, in another module: patch ``use_kernels``.
+go through ``PreTrainedModel.set_use_kernels``, in another module: patch ``use_kernels``, which decides
+those calls (Transformers' default or the user's request, :mod:`transformers_tpu_ext.kernels.policy`);
+the ``kernelize`` they call passes here unchecked. A reset (``reset_kernels()``: an empty mapping) loads
+nothing and passes too.
 
 Everywhere else (no TPU, jax installed, kernels not requested) the upstream call runs untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from .. import backend
-from ..core.wrapping import Wraps, fail_safe, user_error
+from ..core.relies import Signature
+from ..core.wrapping import Wraps, caller_module, fail_safe, user_error
+from . import policy
 
 NAME = "hub_kernels"
 TARGET = "transformers.integrations.hub_kernels"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("kernelize", positional=("model",)),
+    Signature("load_and_register_attn_kernel", positional=("attn_implementation",)),
+    Signature("is_kernel"),
+)
 
 #: The ``kernels`` release from which Hub kernels on TPU wrap JAX/Pallas code.
 KERNELS_TPU_MIN = "0.17"
@@ -46,6 +58,24 @@ MESSAGE = (
 )
 
 _wraps = Wraps()
+#: While patch ``use_kernels`` runs a ``set_use_kernels`` call it decided: ``True`` for Transformers' default,
+#: ``False`` for the user's request; ``None`` outside.
+_decided: contextvars.ContextVar[bool | None] = contextvars.ContextVar("tpu_ext_kernels_decided", default=None)
+
+
+@contextlib.contextmanager
+def deciding(default: bool) -> Iterator[None]:
+    """Mark the calls inside as decided by patch ``use_kernels`` (``default``: Transformers' own default)."""
+    token = _decided.set(default)
+    try:
+        yield
+    finally:
+        _decided.reset(token)
+
+
+def decided() -> bool | None:
+    """``True``/``False`` inside a call patch ``use_kernels`` decided (Transformers' default / a request)."""
+    return _decided.get()
 
 
 def jax_installed() -> bool:
@@ -59,16 +89,34 @@ def require_jax(what: str) -> None:
         raise user_error(ImportError(f"{what}: {MESSAGE}", name="jax"))
 
 
+def _is_reset(kernel_config: Any) -> bool:
+    """``reset_kernels()``'s call: an empty mapping that inherits nothing loads no kernel."""
+    return kernel_config is not None and not getattr(kernel_config, "kernel_mapping", True) and not getattr(
+        kernel_config, "inherit_mapping", True
+    )
+
+
 def _kernelize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Transformers' own call (set_use_kernels, reset_kernels: patch use_kernels decides those), or a name
+    # Transformers bound from this module before revert() (transformers.modeling_utils.kernelize): upstream's.
+    if not _wraps or caller_module().startswith("transformers."):
+        return wrapped(*args, **kwargs)
     model = args[0] if args else kwargs.get("model")
-    if backend.is_tpu(getattr(model, "device", None)):
+    kernel_config = args[2] if len(args) > 2 else kwargs.get("kernel_config")
+    plan = policy.kernels_path(
+        on_tpu=backend.is_tpu(getattr(model, "device", None)),
+        requested=True,
+        enable=not _is_reset(kernel_config),
+        jax=jax_installed(),
+    )
+    if plan.path == policy.REFUSE:
         require_jax(f"kernelize() on {model.device}")
     return wrapped(*args, **kwargs)
 
 
 def _load_and_register_attn_kernel(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     requested = args[0] if args else kwargs.get("attn_implementation")
-    if isinstance(requested, str) and backend.tpu_available():
+    if _wraps and isinstance(requested, str) and backend.tpu_available():
         from transformers.integrations.hub_kernels import is_kernel
 
         name = requested.split("|")[1] if "|" in requested else requested
