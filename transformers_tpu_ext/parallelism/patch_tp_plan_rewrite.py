@@ -34,11 +34,23 @@ from typing import Any
 
 from .. import backend
 from . import tp_plans
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import _MISSING, Wraps
 
 NAME = "tp_plan_rewrite"
 TARGET = "transformers.distributed.mixin"
 DISTRIBUTION = "transformers"
+_LAYER = "transformers.distributed.tensor_parallel:TensorParallelLayer"
+RELIES_ON = (
+    Signature("DistributedMixin._resolve_parallel_plans", positional=("distributed_config",)),
+    # The style below subclasses TensorParallelLayer and overrides these (apply_tensor_parallelism calls them).
+    Signature(f"{_LAYER}.shard_param", positional=("module", "param", "mesh")),
+    Signature(f"{_LAYER}.install_forward", positional=("module", "mesh")),
+    Signature(f"{_LAYER}.transform_inputs_pre_forward", positional=("module", "args", "kwargs", "mesh")),
+    Signature(f"{_LAYER}.should_use_local_tensors", positional=("module",)),
+    Signature("transformers.distributed.parallel_utils:ParallelInterface.register"),
+    Attribute("transformers.distributed.parallel_utils:ParallelInterface._global_mapping"),
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -219,7 +231,9 @@ def _kv_replicated_style() -> Any:
         def should_use_local_tensors(self, module: Any) -> bool:
             return True
 
-        def shard_param(self, module: Any, param: str, mesh: Any) -> None:
+        # Transformers 5.25 passes ``config=`` and ``mesh_manager=`` to shard_param and install_forward (5.23-5.24
+        # pass neither): whatever the installed release passes is taken, and handed on where upstream's is called.
+        def shard_param(self, module: Any, param: str, mesh: Any, **upstream: Any) -> None:
             meta = module._parameters.get(param)
             if meta is None:
                 return
@@ -237,8 +251,8 @@ def _kv_replicated_style() -> Any:
                 x = DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
             return (x, *args[1:]), kwargs
 
-        def install_forward(self, module: Any, mesh: Any) -> Any:
-            module = super().install_forward(module, mesh)
+        def install_forward(self, module: Any, mesh: Any, **upstream: Any) -> Any:
+            module = super().install_forward(module, mesh, **upstream)
             forward = module.forward
             hooked: dict[str, Any] = {}
 
