@@ -37,6 +37,45 @@ def test_every_rope_init_function_is_in_the_table():
     assert set(ROPE_INIT_FUNCTIONS) <= set(lr.ROPE_TYPES), sorted(set(ROPE_INIT_FUNCTIONS) - set(lr.ROPE_TYPES))
 
 
+def _types_models_accept() -> dict[str, set[str]]:
+    """Every rotary type a model file of the installed Transformers accepts, from its source (no model imported):
+    its ``compute_<type>_rope_parameters`` methods and its ``rope_type ==``/``!=`` checks, with the files."""
+    import re
+    from pathlib import Path
+
+    import transformers
+
+    found: dict[str, set[str]] = {}
+    pattern = re.compile(r'def compute_([a-z0-9_]+)_rope_parameters|rope_type\s*[!=]=\s*"([a-z0-9_]+)"')
+    for path in (Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"):
+        for match in pattern.finditer(path.read_text(encoding="utf-8")):
+            found.setdefault(match.group(1) or match.group(2), set()).add(path.parent.name)
+    return found
+
+
+def test_every_rotary_type_a_model_accepts_is_in_the_table():
+    """A new rotary type in a Transformers release (5.25 added vision towers' ``axial``) fails here until the
+    table says what it reads: until then the predicates hand every call of those models to upstream."""
+    pytest.importorskip("transformers")
+    found = _types_models_accept()
+    assert {"default", "axial"} <= set(found)  # the scan sees the models (Qwen2.5-VL's vision tower: axial)
+    unknown = {name: sorted(models)[:5] for name, models in found.items() if lr.rope_type(name) is None}
+    assert not unknown, f"rotary types the table does not know (a few models each): {unknown}"
+
+
+def test_a_vision_tower_with_axial_rotary_is_no_reader():
+    """Qwen2.5-VL's vision rotary (``axial``) reads no length: the model is not left to upstream for it."""
+    pytest.importorskip("transformers")
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionRotaryEmbedding
+
+    rotary = Qwen2_5_VLVisionRotaryEmbedding(Qwen2_5_VLVisionConfig(hidden_size=32, num_heads=4))
+    found = lr.model_lengths(type("Model", (), {"modules": lambda self: [rotary], "config": None})())
+    assert found.rotary == (Rotary("axial"),) and not found
+    plan = lr.generation_plan(found, columns=10, longest=10, new_tokens=4, padded=16, chunk=None)
+    assert not plan.upstream and plan.pad
+
+
 _PARAMS = {
     "default": {},
     "linear": {"factor": 4.0},

@@ -19,7 +19,10 @@ in training keeps every real token's prefix; what can still see the padding or t
     ``max_position_embeddings`` the frequencies are recomputed for the longest ``seq_len`` seen, and
     reset only by a forward pass *shorter* than it: the frequencies depend on the history of lengths.
   - every other entry of ``ROPE_INIT_FUNCTIONS`` (``linear``, ``yarn``, ``llama3``, ``proportional``)
-    and ``default``: frequencies fixed from the config at init, whatever the length.
+    and ``default``: frequencies fixed from the config at init, whatever the length; and the models' own types:
+    ``ntk_alpha`` (HunYuan) and ``axial`` (Transformers 5.25's vision rotary embeddings: Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, GLM-4V, Pixtral, Gemma 4 and 30 more, whose positions are image-grid coordinates and whose
+    frequencies are fixed; their ``forward`` has no ``dynamic_rope_update``).
 
 - **NEFTune** (``TrainingArguments.neftune_noise_alpha``): noise of magnitude
   ``alpha / sqrt(size(1) * size(2))`` added to the input embeddings in training, where ``size(1)``
@@ -27,7 +30,9 @@ in training keeps every real token's prefix; what can still see the padding or t
 
 Anything not in :data:`ROPE_TYPES` (a rotary type a user registered, a model's own) is not recognised:
 the predicates leave such calls and batches to upstream. ``tests/core/test_length_readers.py`` checks
-the table against every entry of the installed ``ROPE_INIT_FUNCTIONS`` and against real rotary modules.
+the table against every entry of the installed ``ROPE_INIT_FUNCTIONS``, every rotary type a model of the
+installed release accepts (its ``compute_<type>_rope_parameters`` and ``rope_type`` checks), and real rotary
+modules.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class RopeType:
     note: str = ""
 
 
-#: Every entry of Transformers 5.24's ``ROPE_INIT_FUNCTIONS``, ``default``, and the models' own types.
+#: Every entry of Transformers 5.25's ``ROPE_INIT_FUNCTIONS``, ``default``, and the models' own types.
 ROPE_TYPES: dict[str, RopeType] = {
     "default": RopeType(None, note="frequencies from rope_theta"),
     "linear": RopeType(None, note="positions divided by a fixed factor"),
@@ -68,6 +73,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     "llama3": RopeType(None, note="frequencies from the config's factors"),
     "proportional": RopeType(None, note="frequencies from the config"),
     "ntk_alpha": RopeType(None, note="HunYuan's fixed-alpha NTK (its checkpoints say 'dynamic')"),
+    "axial": RopeType(None, note="vision towers' 2-D rotary: image-grid positions, frequencies from rope_theta"),
     "longrope": RopeType(
         "original_max_position_embeddings",
         note="long factors when max(position_ids) + 1 > original_max_position_embeddings, at every forward",
