@@ -33,6 +33,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "transformers_device_map": "placement",
         "transformers_pipeline": "placement",
         "transformers_tied_weights": "placement",
+        "peft_load": "placement",
         "hub_kernels": "kernels",
         "use_kernels": "kernels",
         "generation": "generation",
