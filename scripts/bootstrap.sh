@@ -12,6 +12,10 @@
 #      within 5 seconds (an unreachable index fails fast instead of hanging pip's retries);
 #   3. the default index, with a warning that it may be the CUDA build.
 # TORCH_PIN overrides the pin (e.g. TORCH_PIN=torch==2.15.0).
+#
+# Everything else is installed from the tested set, constraints.txt (the releases CI's main suite ran), so a
+# fresh clone is green whatever was released this morning; scripts/newest.sh tests the newest releases.
+# TRANSFORMERS_TPU_EXT_CONSTRAINTS names another constraints file, or `none` to resolve the newest.
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 venv="${TRANSFORMERS_TPU_EXT_VENV:-$root/.venv}"
@@ -19,6 +23,9 @@ torch_pin="${TORCH_PIN:-torch==2.13.0}"
 torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 python="${PYTHON:-python3}"
 pip=(--quiet --disable-pip-version-check)
+constraints="${TRANSFORMERS_TPU_EXT_CONSTRAINTS:-$root/constraints.txt}"
+constrained=()
+[ "$constraints" = none ] || constrained=(-c "$constraints")
 
 reachable() {  # $1: a URL; true when it answers within 5 s (any HTTP status counts: it is there)
     "$python" - "$1" <<'EOF' >/dev/null 2>&1
@@ -52,7 +59,8 @@ install_torch() {
 }
 
 # Reinstall only when the dependency declarations change.
-stamp="$venv/.transformers-tpu-ext-$(cat "$root/pyproject.toml" "$root/transformers_tpu_ext/requirements.txt" | sha256sum | cut -c1-16)"
+stamp="$venv/.transformers-tpu-ext-$(cat "$root/pyproject.toml" "$root/transformers_tpu_ext/requirements.txt" \
+    "${constrained[@]:1}" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     started=$SECONDS
     if [ ! -x "$venv/bin/python" ]; then
@@ -67,8 +75,8 @@ if [ ! -f "$stamp" ]; then
     echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     step=$SECONDS
     echo "bootstrap: [3/3] installing transformers-tpu-ext[test,trl,embeddings] and its dependencies" \
-        "(about 75 packages: 5 minutes or so on 2 cores)" >&2
-    "$venv/bin/python" -m pip install "${pip[@]}" -e "$root[test,trl,embeddings]"
+        "(about 75 packages: 1 to 5 minutes on 2 cores), ${constrained[*]:-unconstrained}" >&2
+    "$venv/bin/python" -m pip install "${pip[@]}" "${constrained[@]}" -e "$root[test,trl,embeddings]"
     echo "bootstrap:       done in $((SECONDS - step)) s" >&2
     rm -f "$venv"/.transformers-tpu-ext-*
     touch "$stamp"

@@ -9,7 +9,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
-pins="${PIP_CONSTRAINTS:-}"
+pins="${PIP_CONSTRAINTS:-$root/constraints.txt}"  # the tested set (scripts/bootstrap.sh)
 
 started=$SECONDS
 if ! "$python" -c "import jax.experimental.pallas.ops.tpu.ragged_paged_attention" 2>/dev/null; then

@@ -9,7 +9,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
-pins="${PIP_CONSTRAINTS:-}"
+pins="${PIP_CONSTRAINTS:-$root/constraints.txt}"  # the tested set (scripts/bootstrap.sh)
 
 started=$SECONDS
 if ! "$python" -c "import lm_eval.models.huggingface" 2>/dev/null; then

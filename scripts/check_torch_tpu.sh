@@ -20,13 +20,13 @@ torch_tpu_pin="${TORCH_TPU_PIN:-torch-tpu==0.2.0}"
 venv="${TRANSFORMERS_TPU_EXT_TORCH_TPU_VENV:-$root/.venv-torch-tpu}"
 
 started=$SECONDS
-stamp="$venv/.torch-tpu-$(printf '%s\n' "$torch_pin $torch_tpu_pin" | cat - "$root/pyproject.toml" "$root/transformers_tpu_ext/requirements.txt" | sha256sum | cut -c1-16)"
+stamp="$venv/.torch-tpu-$(printf '%s\n' "$torch_pin $torch_tpu_pin" | cat - "$root/pyproject.toml" "$root/transformers_tpu_ext/requirements.txt" "$root/constraints.txt" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     echo "check_torch_tpu: installing $torch_pin, $torch_tpu_pin and transformers-tpu-ext[test,tpu] into $venv" >&2
     rm -rf "$venv"
     "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$torch_pin"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$torch_pin" "$torch_tpu_pin" -e "$root[test,tpu]"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$root/constraints.txt" "$torch_pin" "$torch_tpu_pin" -e "$root[test,tpu]"
     touch "$stamp"
 fi
 echo "check_torch_tpu: venv ready in $((SECONDS - started)) s" >&2

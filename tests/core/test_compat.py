@@ -2,9 +2,10 @@
 
 - README's "Compatibility" table shows exactly the ranges and the tested releases of
   ``transformers_tpu_ext/requirements.txt`` (and the ``tpu`` extra of pyproject.toml).
-- CI tests every release listed as tested, and only those: ``scripts/matrix.sh`` (oldest and newest
-  combinations) plus the main suite (``scripts/test.sh``: ``TORCH_PIN`` of ``scripts/bootstrap.sh``
-  and the newest tested release of everything else).
+- CI tests every release listed as tested: ``scripts/matrix.sh`` (the oldest combination, and Transformers
+  5.24), the main suite (``scripts/test.sh``: ``TORCH_PIN`` of ``scripts/bootstrap.sh`` and the tested set of
+  ``constraints.txt``), and last the newest release the package index offered when the tested set was
+  updated (``scripts/newest.sh`` runs the newest of each day).
 - The oldest combination pins the lowest release of every range: no untested lower bound is claimed.
 """
 
@@ -52,6 +53,16 @@ def _main_suite_torch() -> str:
     return pin
 
 
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, _, version = line.partition("==")
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return pins
+
+
 def _tpu_extra() -> SpecifierSet:
     text = (ROOT / "pyproject.toml").read_text()
     (line,) = re.findall(r'^tpu = \["([^"]+)"\]', text, flags=re.MULTILINE)
@@ -67,32 +78,56 @@ def test_readme_table_shows_the_ranges_and_tested_releases_the_package_declares(
     assert SpecifierSet(table["torch-tpu"][0]) == _tpu_extra()
 
 
-def test_ci_tests_exactly_the_releases_listed_as_tested():
+def _run_by_ci() -> dict[str, set[str]]:
+    """The releases of each library the matrix and the main suite pin."""
     combos = _matrix()
-    assert set(combos) == {"oldest", "newest"}
     run = {library: {combo[library] for combo in combos.values()} for library in LIBRARIES}
     run["torch"].add(_main_suite_torch())
-    for library in ("transformers", "accelerate", "wrapt"):  # the main suite gets the newest of these
-        run[library].add(versions.tested_versions(library)[-1])
-    for library in LIBRARIES:
-        assert sorted(run[library], key=Version) == list(versions.tested_versions(library)), library
+    for library in ("transformers", "accelerate", "wrapt"):  # the main suite installs the tested set
+        run[library].add(_constraints()[library])
+    return run
+
+
+def test_ci_tests_exactly_the_releases_listed_as_tested():
+    assert set(_matrix()) == {"oldest", "middle"}
+    for library, run in _run_by_ci().items():
+        tested = list(versions.tested_versions(library))
+        # Every release CI pins is listed; the last listed may be the newest stage's (newer than any pin).
+        assert set(tested) - run <= {tested[-1]}, (library, tested, sorted(run, key=Version))
+        assert sorted(run, key=Version) == [v for v in tested if v in run], library
+        assert Version(tested[-1]) >= max(map(Version, run)), library
+
+
+def test_the_tested_set_is_what_bootstrap_and_ci_install():
+    """constraints.txt pins the tested set: every library in it at a tested release, no torch (bootstrap pins
+    it: TORCH_PIN), and bootstrap, check_jax and check_lm_eval install from it."""
+    pins = _constraints()
+    assert "torch" not in pins and "transformers-tpu-ext" not in pins
+    for library in ("transformers", "accelerate", "wrapt"):
+        assert pins[library] == versions.tested_versions(library)[-1] or pins[library] in versions.tested_versions(library)
+    for extra in ("peft", "trl", "sentence-transformers", "torchao", "jax", "lm-eval", "kernels"):
+        assert extra in pins, f"constraints.txt lacks {extra}"
+    for script in ("bootstrap.sh", "check_jax.sh", "check_lm_eval.sh", "check_torch_tpu.sh"):
+        assert "constraints.txt" in (ROOT / "scripts" / script).read_text(), script
 
 
 def test_the_running_venv_holds_the_releases_ci_claims_to_test():
-    # What the test above assumes of the main suite, checked where it runs: every venv of CI holds
-    # tested releases only, and the main suite's (torch = bootstrap's pin) the newest of the rest.
+    # What the test above assumes, checked where it runs: the main suite's venv (torch = bootstrap's pin)
+    # holds the tested set; every other venv of CI tested releases, except the newest stage, whose releases
+    # may be newer than every tested one (that is its job).
     from importlib import metadata
 
     installed = {library: Version(metadata.version(library)).base_version for library in LIBRARIES}
+    newest = {library: Version(installed[library]) > Version(versions.tested_versions(library)[-1]) for library in LIBRARIES}
     for library in LIBRARIES:
-        assert installed[library] in versions.tested_versions(library), (library, installed[library])
-    if installed["torch"] == _main_suite_torch():
+        assert installed[library] in versions.tested_versions(library) or newest[library], (library, installed[library])
+    if installed["torch"] == _main_suite_torch() and not any(newest.values()):
         for library in ("transformers", "accelerate", "wrapt"):
-            assert installed[library] == versions.tested_versions(library)[-1], library
+            assert installed[library] == _constraints()[library], library
 
 
 def test_the_oldest_combination_pins_the_lowest_release_of_every_range():
-    oldest, newest = _matrix()["oldest"], _matrix()["newest"]
+    oldest = _matrix()["oldest"]
     for library in LIBRARIES:
         spec = versions.supported_range(library)
         lower = [Version(s.version) for s in spec if s.operator == ">="]
@@ -102,7 +137,6 @@ def test_the_oldest_combination_pins_the_lowest_release_of_every_range():
             "widen or narrow both together"
         )
         assert oldest[library] == versions.tested_versions(library)[0]
-        assert newest[library] == versions.tested_versions(library)[-1]
 
 
 def test_the_running_interpreter_is_a_supported_combination():
