@@ -253,3 +253,22 @@ def test_an_invalid_setting_is_a_clear_error(transformers_mixin, monkeypatch):
             _patched(tp_size=4)
         with pytest.raises(ValueError, match="TRANSFORMERS_TPU_EXT_TP_REWRITE"):
             utils.get_kv_heads_per_rank({f"{ATTN}.k_proj": "colwise"}, 2, 4)
+
+
+def test_the_kv_replicated_style_takes_what_the_installed_transformers_passes(rewriting):
+    """Transformers 5.25's apply_tensor_parallelism passes ``config=`` and ``mesh_manager=`` to every style's
+    shard_param and install_forward (5.23-5.24 pass neither): the style takes the arguments of the installed
+    release's base class, whatever they are."""
+    import inspect
+
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+    from transformers.distributed.tensor_parallel import TensorParallelLayer
+
+    _resolve(_tiny_llama(heads=6, kv_heads=3), tp_size=2)  # the first rewrite registers the style
+    style = ALL_PARALLEL_STYLES[tp_plans.KV_REPLICATED_STYLE]
+    for method in ("shard_param", "install_forward"):
+        upstream = inspect.signature(getattr(TensorParallelLayer, method))
+        passed = [p for p in list(upstream.parameters.values())[1:] if p.kind is not p.VAR_KEYWORD]
+        args = [object() for p in passed if p.kind is p.POSITIONAL_OR_KEYWORD]
+        kwargs = {p.name: None for p in passed if p.kind is p.KEYWORD_ONLY}
+        inspect.signature(getattr(style, method)).bind(*args, **kwargs)  # TypeError before 5.25 was handled

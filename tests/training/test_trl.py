@@ -252,3 +252,25 @@ def test_a_subclass_that_changes_a_loss_helper_is_a_loss_of_your_own(simulated_t
     assert facts._loss_helpers_of_your_own(object.__new__(Weighted)) == "Weighted.dpo_loss"
     assert facts._loss_helpers_of_your_own(object.__new__(Logged)) is None
     assert facts._loss_helpers_of_your_own(object.__new__(Changed)) == "Changed.compute_loss"
+
+
+def _dpo_from_a_path(tmp, path, *, use_cpu):
+    """DPO as its docs show it: the model named by a path, no reference model. TRL loads both the policy and its
+    own reference model with ``from_pretrained``, where Transformers 5.25 turns Hub kernels on by default."""
+    _training.reset_accelerate()
+    tokenizer = tiny_tokenizer()
+    tokenizer.padding_side = "right"
+    config = trl.DPOConfig(output_dir=str(tmp), use_cpu=use_cpu, max_length=64, **{**COMMON, "num_train_epochs": 1})
+    trainer = trl.DPOTrainer(model=str(path), args=config, train_dataset=_pairs(), processing_class=tokenizer)
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.slow
+def test_dpo_without_a_reference_model_loads_and_trains_on_tpu_like_cpu(simulated_tpu, tmp_path):
+    tiny_model("qwen3", seed=0).save_pretrained(tmp_path / "model")
+    cpu = _dpo_from_a_path(tmp_path / "cpu", tmp_path / "model", use_cpu=True)
+    tpu = _dpo_from_a_path(tmp_path / "tpu", tmp_path / "model", use_cpu=False)
+    assert tpu.model.device.type == "tpu" and tpu.ref_model.device.type == "tpu"
+    assert tpu.model.use_kernels is False and tpu.ref_model.use_kernels is False  # the default stayed off on TPU
+    assert _training.max_diff(_training.losses(tpu), _training.losses(cpu)) < TOLERANCE
