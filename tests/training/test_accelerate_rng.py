@@ -75,6 +75,16 @@ def test_synchronize_rng_state_on_the_tpu(simulated_tpu):
     assert torch.equal(_draws(), expected)
 
 
+@pytest.mark.skipif(not (ACCELERATE_CALLS_GET_RNG_STATE and GET_RNG_STATE_INTERNAL), reason="torch >= 2.14 or < 2.13")
+def test_without_the_patch_save_state_fails_as_on_a_chip(simulated_tpu, tmp_path):
+    from accelerate import Accelerator
+
+    with _training.patches_disabled("accelerate_rng"):
+        accelerator = Accelerator()
+        with pytest.raises(RuntimeError, match="get_rng_state is internal to TorchTPU"):
+            accelerator.save_state(str(tmp_path / "state"))
+
+
 def test_only_the_tpu_module_is_replaced_and_revert_restores_torch(simulated_tpu):
     import accelerate.checkpointing as checkpointing
     import accelerate.utils.random as random_module
@@ -96,3 +106,17 @@ def test_only_the_tpu_module_is_replaced_and_revert_restores_torch(simulated_tpu
     finally:
         activation.activate()
     assert checkpointing.torch is not torch and "accelerate_rng" in activation.active_patches()
+
+
+def test_a_failing_generator_falls_back_to_torch_tpus_own_call(simulated_tpu, monkeypatch, caplog):
+    import accelerate.checkpointing as checkpointing
+
+    broken = type("Broken", (), {"get_state": lambda self: (_ for _ in ()).throw(RuntimeError("unreadable"))})()
+    monkeypatch.setattr(torch.tpu, "default_generators", (broken,))
+    tpu = checkpointing.torch.get_device_module("tpu")
+    if GET_RNG_STATE_INTERNAL:
+        with pytest.raises(RuntimeError, match="get_rng_state is internal to TorchTPU"):  # torch_tpu's own, as upstream
+            tpu.get_rng_state()
+    else:
+        assert tpu.get_rng_state().dtype == torch.uint8
+    assert "reading the TPU's random state failed (RuntimeError: unreadable)" in caplog.text
