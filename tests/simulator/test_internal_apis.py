@@ -110,18 +110,22 @@ def test_the_legacy_switch_warns_once_per_name(simulated_tpu, legacy_device_apis
         torch.tpu.synchronize()  # warned already: silent
 
 
-def test_the_legacy_switch_is_read_from_the_environment_once():
+def test_the_legacy_switch_comes_from_the_environment():
     value, _ = run_python(
         """
-        import os
-        from transformers_tpu_ext.testing import internal_apis
-        strict = internal_apis.STRICT
-        os.environ.pop("TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS")
-        report([strict, internal_apis.STRICT])
+        import warnings
+        import torch
+        from transformers_tpu_ext import testing
+        testing.install()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            count = torch.tpu.device_count()
+            torch.tpu.device_count()
+        report([count, [str(w.message) for w in caught]])
         """,
         env={"TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS": "1"},
     )
-    assert value == [False, False]
+    assert value == [4, [warning_message("device_count", "torch.accelerator.device_count")]]
     assert internal_apis.STRICT is True  # this process runs without it
 
 
