@@ -11,7 +11,10 @@
 #     device map) of a run with TRANSFORMERS_TPU_EXT_DISABLE=1;
 #   - `transformers-tpu doctor --json` reports torch_tpu and no TPU;
 # then runs the tests that need no simulated TPU (the simulator cannot register its device next to
-# the real backend, which owns PrivateUse1). Extra arguments go to pytest.
+# the real backend, which owns PrivateUse1), among them tests/simulator/test_internal_apis_table.py,
+# which reads the installed wheel's sources and checks the simulator's table of torch_tpu's internal
+# `torch.tpu` names against them (TORCH_TPU_SOURCES_REQUIRED=1: it fails instead of skipping when it
+# cannot find them). Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -128,9 +131,9 @@ PY
 
 # The tests that need no simulated TPU.
 cd "$root"
-"$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider \
+TORCH_TPU_SOURCES_REQUIRED=1 "$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider -rs \
     tests/core/test_activation.py tests/core/test_activation_subprocess.py tests/core/test_compat.py \
     tests/generation/test_generation_config.py tests/generation/test_buckets.py tests/parallelism/test_tp_plans.py tests/core/test_topology.py \
-    tests/core/test_settings.py \
+    tests/core/test_settings.py tests/simulator/test_internal_apis_table.py \
     "tests/core/test_faults.py::test_a_failing_entry_point_is_one_warning_and_import_torch_works" "$@"
 echo "check_torch_tpu: passed in $((SECONDS - started)) s" >&2

@@ -1,10 +1,13 @@
 """The plugin's only door to the TPU backend.
 
 Everything here goes through the public surface of torch_tpu 0.2.0 (``torch.accelerator.*``, device
-type ``"tpu"``, ``torch.tpu.get_device_properties``/``get_device_name``) so the same code runs on a
-real TPU VM, on the project's simulated TPU and on any other stand-in offering that surface. Never
-``torch.tpu.device_count()``/``is_available()`` (they raise for user code) and never
-``hasattr(torch, "tpu")`` (torch_tpu registers the module even where it finds no chip).
+type ``"tpu"``, ``torch.tpu.get_device_properties``/``get_device_name``/``default_generators``) so the
+same code runs on a real TPU VM, on the project's simulated TPU and on any other stand-in offering that
+surface. Never the ``torch.tpu`` names torch_tpu keeps for PyTorch (``device_count``, ``is_available``,
+``synchronize``, ``current_device``, ``set_device``, streams, ``device`` from torch 2.11;
+``get_rng_state``, ``initial_seed`` from torch 2.13: they raise for user code; the list is
+``testing.internal_apis.INTERNAL_APIS``) and never ``hasattr(torch, "tpu")`` (torch_tpu registers the
+module even where it finds no chip).
 
 Every question is answered when it is asked, never cached at import: torch_tpu may register its
 device after the plugin was activated (entry points load in no fixed order).
@@ -87,15 +90,21 @@ def chip_info() -> ChipInfo | None:
     )
 
 
+def _default_generator() -> Any:
+    torch = _torch()
+    return getattr(torch, DEVICE_TYPE).default_generators[torch.accelerator.current_device_index()]
+
+
 def rng_state() -> Any:
     """The random state of this process's chip (a CPU ``ByteTensor``).
 
-    Through ``torch.tpu.default_generators``, public in torch_tpu 0.2.0: ``torch.tpu.get_rng_state()``
-    is internal to torch_tpu and raises for user code.
+    Through ``torch.tpu.default_generators`` (one generator per chip; public in torch_tpu 0.2.0 on every
+    supported torch): ``torch.tpu.get_rng_state()`` is internal to torch_tpu from torch 2.13 and raises
+    for user code.
     """
-    return getattr(_torch(), DEVICE_TYPE).default_generators[0].get_state()
+    return _default_generator().get_state()
 
 
 def set_rng_state(state: Any) -> None:
     """Restore a state :func:`rng_state` returned."""
-    getattr(_torch(), DEVICE_TYPE).default_generators[0].set_state(state)
+    _default_generator().set_state(state)

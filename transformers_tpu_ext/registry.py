@@ -57,6 +57,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "trl_grpo": "training",
         "lm_eval_hf": "inference",
         "sentence_transformers_encode": "inference",
+        "accelerate_rng": "training",
     }
 )
 

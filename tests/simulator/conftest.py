@@ -15,3 +15,14 @@ def plugin_patches_off():
     yield
     if was_active:
         ext.activate()
+
+
+@pytest.fixture
+def legacy_device_apis(monkeypatch):
+    """``TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS=1`` for one test (torch_tpu reads it once, at import): the
+    simulated ``torch.tpu``'s internal names warn once instead of raising, counting from this test."""
+    from transformers_tpu_ext.testing import internal_apis
+
+    monkeypatch.setattr(internal_apis, "STRICT", False)
+    monkeypatch.setattr(internal_apis, "_warned", set())
+    return internal_apis

@@ -296,14 +296,19 @@ def test_torch_tpu_device_count_and_is_available_raise_for_user_code(sim, name):
         getattr(torch.tpu, name)()
     # PyTorch itself may still call them (torch.accelerator delegates to them).
     assert torch.accelerator.device_count() == 4
+    # (every internal name, and the torch release it is internal from: tests/simulator/test_internal_apis.py)
 
 
-def test_set_device_accepts_only_the_bound_index(sim):
-    torch.tpu.set_device(0)
+def test_set_device_accepts_only_the_bound_index(sim, request):
+    with pytest.raises(RuntimeError, match="set_device is internal to TorchTPU"):  # torch >= 2.11
+        torch.tpu.set_device(0)
+    request.getfixturevalue("legacy_device_apis")  # TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS=1
+    with pytest.warns(UserWarning, match="set_device is internal"):
+        torch.tpu.set_device(0)
     torch.tpu.set_device("tpu:0")
     with pytest.raises(ValueError, match="Cannot set TPU device to index 1, current process is bound to device index 0"):
         torch.tpu.set_device(1)
-    assert torch.tpu.current_device() == 0
+    assert torch.accelerator.current_device_index() == 0
 
 
 @pytest.mark.parametrize(
@@ -362,10 +367,10 @@ def test_public_surface_of_torch_tpu_0_2_0(sim):
 
     for n in ("set_tpu_launch_env", "spmd_safe", "topology_aware_mesh", "window_num_stripes", "window_stripe_chunk_mb"):
         assert hasattr(dist_mod, n)
-    torch.tpu.synchronize()
-    state = torch.tpu.get_rng_state()
+    torch.accelerator.synchronize()  # torch.tpu.synchronize and get_rng_state are internal (torch >= 2.11, 2.13)
+    state = torch.tpu.default_generators[0].get_state()
     first = torch.rand(2, device="tpu").cpu()
-    torch.tpu.set_rng_state(state)
+    torch.tpu.set_rng_state(state)  # experimental, not internal
     assert torch.equal(torch.rand(2, device="tpu").cpu(), first)
 
 

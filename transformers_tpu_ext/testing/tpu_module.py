@@ -2,14 +2,15 @@
 
 Registered as ``torch.tpu`` (``torch._register_device_module``) by ``install()``. Functions read
 the simulator's configuration when they are called, so ``configure()`` and ``hidden()`` take
-effect at once.
+effect at once. The names torch_tpu keeps for PyTorch itself (``device_count``, ``is_available``,
+``synchronize``, ``get_rng_state``, ... from the torch release :data:`.internal_apis.INTERNAL_APIS`
+names) refuse callers outside ``torch`` and this package, as torch_tpu's do (``@internal(name)``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -28,6 +29,7 @@ from .compile_cache import (  # noqa: F401 - torch_tpu's private cache functions
     _set_dump_on_cache_miss,
 )
 from .device import STATE
+from .internal_apis import internal
 
 __all__ = [
     "EagerMode", "Event", "Precision", "Stream", "allow_excess_precision", "compiler",
@@ -54,29 +56,13 @@ def _visible_chips() -> int:
     return 0 if sim.is_hidden else sim.chips
 
 
-# PyTorch's own modules (torch.accelerator, torch.random, ...) may call these; user code may not.
-_FRAMEWORK_PREFIXES = ("torch.", __name__.rsplit(".", 1)[0] + ".")
-
-
-def _framework_only(name: str) -> None:
-    caller = sys._getframe(2).f_globals.get("__name__", "")
-    if caller == "torch" or caller.startswith(_FRAMEWORK_PREFIXES):
-        return
-    raise RuntimeError(
-        f"torch.tpu.{name}() is internal to TorchTPU and can only be called by the PyTorch "
-        f"framework (called from {caller or '?'}). Use torch.accelerator.{name} instead."
-    )
-
-
+@internal("device_count")
 def device_count() -> int:
-    """Internal: raises for user code, like torch_tpu 0.2.0."""
-    _framework_only("device_count")
     return _visible_chips()
 
 
+@internal("is_available")
 def is_available() -> bool:
-    """Internal: raises for user code, like torch_tpu 0.2.0."""
-    _framework_only("is_available")
     return _visible_chips() > 0
 
 
@@ -92,10 +78,12 @@ def _lazy_init() -> None:
     return None
 
 
+@internal("current_device")
 def current_device() -> int:
     return 0
 
 
+@internal("set_device")
 def set_device(device: Any) -> None:
     index = _index(device)
     if index not in (None, 0):
@@ -154,6 +142,7 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
+@internal("synchronize")
 def synchronize(device: Any = None) -> None:
     return None
 
@@ -185,10 +174,12 @@ def seed_all() -> None:
     STATE.generator.seed()
 
 
+@internal("initial_seed")
 def initial_seed() -> int:
     return STATE.generator.initial_seed()
 
 
+@internal("get_rng_state")
 def get_rng_state(device: Any = None) -> torch.Tensor:
     return STATE.generator.get_state()
 
@@ -249,10 +240,12 @@ def default_stream(device: Any = None) -> Stream:
     return _DEFAULT_STREAM
 
 
+@internal("current_stream")
 def current_stream(device: Any = None) -> Stream:
     return _current_stream
 
 
+@internal("set_stream")
 def set_stream(stream_: Stream) -> None:
     global _current_stream
     _current_stream = stream_
@@ -270,7 +263,10 @@ def stream(stream_: Stream | None) -> Iterator[None]:
         _current_stream = previous
 
 
-class device:  # noqa: N801 - mirrors torch.cuda.device
+@internal("device")
+class _DeviceContext:
+    """``torch.tpu.device``: torch_tpu's class has this name (its errors name it)."""
+
     def __init__(self, device: Any) -> None:
         self.index = _index(device)
 
@@ -281,7 +277,10 @@ class device:  # noqa: N801 - mirrors torch.cuda.device
         return None
 
 
-class device_of(device):  # noqa: N801
+device = _DeviceContext  # noqa: N816 - mirrors torch.cuda.device
+
+
+class device_of(_DeviceContext):  # noqa: N801
     def __init__(self, obj: Any) -> None:
         super().__init__(obj.device if isinstance(obj, torch.Tensor) and obj.device.type == "tpu" else None)
 

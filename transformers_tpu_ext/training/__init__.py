@@ -19,7 +19,8 @@ padded batch was); :mod:`.warm_up`: :func:`warmup` (compile every bucket before 
 The glue, one patch per target: ``patch_accelerate_state`` (``PartialState`` finds the TPU),
 ``patch_accelerate_dataclasses`` (``TorchDynamoPlugin(backend="tpu")``), ``patch_accelerate_prepare``
 (no unsynchronised replicas; the optimizer step adapted), ``patch_accelerate_operations`` (gathers on
-``tpu_dist``), ``patch_torch_ddp`` (DDP of a TPU module), ``patch_torch_optimizer`` (no step of
+``tpu_dist``), ``patch_accelerate_rng`` (``save_state()`` / ``load_state()`` and ``synchronize_rng_state``
+keep the TPU's random state through the public generators), ``patch_torch_ddp`` (DDP of a TPU module), ``patch_torch_optimizer`` (no step of
 replicas nothing synchronises), ``patch_transformers_training_args`` (``torch_compile=True``) and
 ``patch_transformers_trainer`` (bucketed data loaders, evaluation outputs cut back, complete
 checkpoints); ``patch_recompile_guard_train`` runs each training step inside the recompile guard (``compilation``). See ``docs/training.md``.
