@@ -25,6 +25,10 @@ KEY = (
 )
 
 
+#: What a CUDA build of torch brings along (the newest stage installs the index's torch, run on the CPU).
+TORCH_BUILD = ("nvidia-", "cuda-", "triton")
+
+
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -41,10 +45,18 @@ def parse_pins(text: str) -> dict[str, str]:
     return pins
 
 
-def differences(resolved: dict[str, str], tested: dict[str, str]) -> list[tuple[str, str, str | None]]:
+def differences(
+    resolved: dict[str, str], tested: dict[str, str], listed: dict[str, tuple[str, ...]] | None = None
+) -> list[tuple[str, str, str | None]]:
     """``(package, resolved, tested)`` for every package whose resolved release is not the tested one (``None``:
-    not in the tested set), the key libraries first."""
-    rows = [(name, version, tested.get(name)) for name, version in resolved.items() if tested.get(name) != version]
+    not in the tested set), the key libraries first. ``listed``: the tested releases requirements.txt names
+    (torch is not in the constraints file: bootstrap pins it), which count as tested too."""
+    listed = listed or {}
+    rows = [
+        (name, version, tested.get(name) or ", ".join(listed.get(name, ())) or None)
+        for name, version in resolved.items()
+        if tested.get(name) != version and version not in listed.get(name, ()) and not name.startswith(TORCH_BUILD)
+    ]
     return sorted(rows, key=lambda row: (KEY.index(row[0]) if row[0] in KEY else len(KEY), row[0]))
 
 
@@ -87,16 +99,23 @@ def _release_lines(rows: list[tuple[str, str, str | None]]) -> list[str]:
     return lines
 
 
-def resolved_text(resolved: dict[str, str], tested: dict[str, str]) -> str:
+def resolved_text(resolved: dict[str, str], tested: dict[str, str], listed: dict[str, tuple[str, ...]] | None = None) -> str:
     shown = " ".join(f"{name}=={resolved[name]}" for name in KEY if name in resolved)
-    rows = differences(resolved, tested)
+    rows = differences(resolved, tested, listed)
     newer = "; ".join(_release_lines(rows)) if rows else "none: the newest releases are the tested set"
     return f"newest: resolved {shown}\nnewest: newer than constraints.txt: {newer}"
 
 
-def failed_text(resolved: dict[str, str], tested: dict[str, str], tests: list[str], doctor: dict, patches: dict[str, str]) -> str:
+def failed_text(
+    resolved: dict[str, str],
+    tested: dict[str, str],
+    tests: list[str],
+    doctor: dict,
+    patches: dict[str, str],
+    listed: dict[str, tuple[str, ...]] | None = None,
+) -> str:
     lines = ["newest: FAILED on the newest releases"]
-    rows = differences(resolved, tested)
+    rows = differences(resolved, tested, listed)
     lines.append("  releases newer than the tested set: " + ("; ".join(_release_lines(rows)) if rows else "none"))
     aside = stood_aside(doctor)
     lines.append("  patches that stood aside: " + ("; ".join(f"{n} ({r})" for n, r in aside.items()) if aside else "none"))
@@ -127,19 +146,21 @@ def main(argv: list[str] | None = None) -> int:
             doctor = json.loads(args.doctor.read_text())
         except ValueError:
             doctor = {}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from transformers_tpu_ext.core.versions import TESTED
+    from transformers_tpu_ext.registry import PATCHES
+
+    listed = {canonical(name): tuple(versions) for name, versions in TESTED.items()}
     if args.what == "resolved":
-        print(resolved_text(resolved, tested))
+        print(resolved_text(resolved, tested, listed))
         return 0
     if args.what == "passed":
         aside = stood_aside(doctor)
         note = f"; patches that stood aside: {', '.join(aside)}" if aside else ""
         print(f"newest: passed (the fast suite and the demo){note}")
         return 0
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from transformers_tpu_ext.registry import PATCHES
-
     tests = failing_tests(args.junit.read_text()) if args.junit and args.junit.exists() else []
-    print(failed_text(resolved, tested, tests, doctor, dict(PATCHES)))
+    print(failed_text(resolved, tested, tests, doctor, dict(PATCHES), listed))
     return 0
 
 

@@ -11,6 +11,8 @@ report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 
 FREEZE = """torch==2.15.0
+nvidia-cublas==13.4.1.3
+triton==3.9.0
 transformers==5.26.0
 accelerate==1.16.0
 Jinja2==3.1.6
@@ -39,6 +41,11 @@ def test_newer_releases_are_named_key_libraries_first():
     assert rows == [("torch", "2.15.0", None), ("transformers", "5.26.0", "5.25.0"), ("some-new-dep", "1.0", None)]
     text = report.resolved_text(report.parse_pins(FREEZE), report.parse_pins(CONSTRAINTS))
     assert "transformers 5.26.0 (tested: 5.25.0)" in text and "and 1 other package" in text
+    # requirements.txt's tested releases count too (torch is pinned by bootstrap, not by the constraints file)
+    listed = {"torch": ("2.11.0", "2.13.0", "2.15.0")}
+    assert [row[0] for row in report.differences(report.parse_pins(FREEZE), report.parse_pins(CONSTRAINTS), listed)] == [
+        "transformers", "some-new-dep"
+    ]
 
 
 def test_a_failure_names_the_releases_the_patches_that_stood_aside_and_the_capabilities():

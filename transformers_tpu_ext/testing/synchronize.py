@@ -12,6 +12,13 @@ reference notes, "Memory"); a Python backend has none, and PyTorch fails an inte
 (``Allocator for tpu is not a DeviceAllocator``). Accelerate 1.16 calls it at the start of every
 ``Trainer.train()`` (``free_memory``). For the TPU the simulator's returns at once (it holds no cached
 blocks); otherwise PyTorch's runs.
+
+``torch.accelerator.random`` (torch >= 2.14: ``get_rng_state``, ``initial_seed``; what Accelerate saves in
+``save_state()`` there) asks the backend's hooks for its default generator
+(``torch._C._accelerator_getDefaultGenerator``); torch_tpu's C++ hooks give it (``TpuHooksInterface::
+getDefaultGenerator``, in the wheel's glue for every torch), a Python backend's hooks cannot (PyTorch raises
+``implement getDefaultGenerator``). For the TPU the simulator's returns ``torch.tpu.default_generators[i]``;
+for any other accelerator PyTorch's runs.
 """
 
 from __future__ import annotations
@@ -54,13 +61,26 @@ def _empty_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return None
 
 
+def _default_generator(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if _on_simulated_tpu(None) is None:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    index = args[0] if args else kwargs.get("device_index", -1)
+    generators = torch.tpu.default_generators
+    return generators[index if isinstance(index, int) and 0 <= index < len(generators) else 0]
+
+
 def register() -> None:
-    """Wrap ``torch.accelerator.synchronize`` and ``empty_cache`` (once per process)."""
+    """Wrap ``torch.accelerator.synchronize``, ``empty_cache`` and the default-generator hook (once per process)."""
     global _registered
     if _registered:
         return
+    import torch
     import wrapt
 
     wrapt.wrap_function_wrapper("torch.accelerator", "synchronize", _synchronize)
     wrapt.wrap_function_wrapper("torch.accelerator", "empty_cache", _empty_cache)
+    if hasattr(torch._C, "_accelerator_getDefaultGenerator"):  # torch >= 2.14
+        wrapt.wrap_function_wrapper(torch._C, "_accelerator_getDefaultGenerator", _default_generator)
     _registered = True
