@@ -69,14 +69,14 @@ def test_every_demo_option_is_documented():
     assert documented == options
 
 
-def test_the_demo_drops_only_the_known_library_noise_and_only_while_it_runs(caplog):
+def test_the_commands_drop_only_the_known_library_noise_and_only_while_they_run(caplog):
     import logging
 
-    from transformers_tpu_ext.cli import demo
+    from transformers_tpu_ext.cli import running
 
     torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
     with caplog.at_level(logging.WARNING):
-        with demo.quiet_library_noise():
+        with running.quiet_library_noise():
             torchao.warning("Failed to load /venv/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: x")
             pytree.warning("%s is an Enum subclass and is now natively supported ... register_constant() ...", "E")
             torchao.warning("Failed to quantize a layer")  # any other line of theirs is kept

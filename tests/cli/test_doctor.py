@@ -12,8 +12,8 @@ import pytest
 from transformers_tpu_ext.cli import doctor
 
 
-def _line(text: str, label: str) -> str:
-    return next(line for line in text.splitlines() if line.strip().startswith(label))
+def _line(text: str, label: str, **default: str) -> str:
+    return next((line for line in text.splitlines() if line.strip().startswith(label)), *default.values())
 
 
 def _doctor(capsys, *argv: str) -> str:
@@ -34,7 +34,8 @@ def test_text_report_on_the_simulated_tpu(v6e, capsys):
     assert "chips         4" in out
     assert "32.0 GiB" in out
     assert "process counts per host: 1, 4, 8" in out
-    assert "hub_kernels" in _line(out, "active")
+    # applied if this process imported Transformers' module already, else armed: never skipped
+    assert "hub_kernels" in _line(out, "active") + _line(out, "armed", default="")
     for dist in ("torch", "torch_tpu", "libtpu", "transformers", "accelerate", "wrapt", "jax", "kernels"):
         assert f"\n  {dist} " in out
 
@@ -47,7 +48,8 @@ def test_json_report_on_the_simulated_tpu(v6e, capsys):
     assert tpu["hbm_bytes"] == 192 * 2**30
     assert tpu["process_counts"] == [2, 4, 8]
     assert tpu["simulated"] is True
-    assert "hub_kernels" in report["patches"]["active"]
+    patches = report["patches"]
+    assert "hub_kernels" in patches["active"] or patches["armed"]["hub_kernels"] == "transformers.integrations.hub_kernels"
     assert report["versions"]["transformers"]["installed"] and report["versions"]["transformers"]["ok"] is True
     assert report["versions"]["torch_tpu"]["supported"]  # from the package's `tpu` extra
 
@@ -213,3 +215,76 @@ def _check_lm_eval_waits(capsys):
     report = json.loads(_doctor(capsys, "--json"))
     assert report["patches"]["library_not_installed"]["lm_eval_hf"] == "lm_eval"
     assert "lm_eval_hf" not in report["patches"]["skipped"] and "lm_eval_hf" not in report["patches"]["pending"]
+
+
+# -- what the report imports (issue 36: seconds, not a minute; no library noise) ---------------------------
+
+FRESH = """
+import json, sys
+from transformers_tpu_ext.cli import doctor
+assert doctor.main([]) == 0
+assert doctor.main(["--json"]) == 0
+heavy = ("transformers.modeling_utils", "transformers.trainer", "accelerate.accelerator", "torchao", "trl",
+         "sentence_transformers", "datasets")
+print("@@" + json.dumps([name for name in heavy if name in sys.modules]))
+"""
+
+
+def _fresh(code: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_TPU_EXT_")}
+    environ.update(TRANSFORMERS_TPU_EXT_SIMULATE="chips=4,generation=v6e", HF_HUB_OFFLINE="1", **env)
+    return subprocess.run([sys.executable, "-c", code, *argv], env=environ, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_report_imports_no_patch_target_and_says_each_patch_is_armed():
+    proc = _fresh(FRESH)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out, _, imported = proc.stdout.rpartition("@@")
+    assert json.loads(imported) == []  # neither Transformers' modules nor the optional libraries
+    text, _, report = out.partition("\n{")
+    armed = _line(text, "armed")
+    assert "hub_kernels" in armed and "generation" in armed and "accelerate_memory" in armed
+    assert armed.endswith("(--import-targets imports them now and runs each patch's checks)")
+    assert _line(text, "active") == "  active        torch_ddp, torch_optimizer"  # torch's own modules are imported
+    patches = json.loads("{" + report)["patches"]
+    assert patches["armed"]["hub_kernels"] == "transformers.integrations.hub_kernels"
+    assert patches["imported_targets"] is False and patches["skipped"] == {}
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]  # no progress bar, no library noise
+
+
+@pytest.mark.slow
+def test_importing_the_targets_and_the_fit_report_drop_the_library_noise(tmp_path):
+    from transformers_tpu_ext.testing.tiny import save_tiny_model
+
+    path = str(save_tiny_model(tmp_path / "tiny"))
+    code = "import sys; from transformers_tpu_ext import cli; sys.exit(cli.main(sys.argv[1:]))"
+    for argv in (["doctor", "--import-targets"], ["doctor", "--fit", path, "--chips", "1"]):
+        proc = _fresh(code, *argv)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Failed to load" not in proc.stderr and "register_constant()" not in proc.stderr, proc.stderr[-3000:]
+    assert "hub_kernels" in _line(_fresh(code, "doctor", "--import-targets").stdout, "active")
+
+
+def test_import_targets_applies_every_patch_whose_library_is_installed(v6e, capsys):
+    report = json.loads(_doctor(capsys, "--json", "--import-targets"))
+    patches = report["patches"]
+    assert patches["imported_targets"] is True and patches["armed"] == {}
+    assert {"hub_kernels", "generation", "accelerate_memory", "transformers_trainer"} <= set(patches["active"])
+
+
+def test_an_armed_patch_whose_version_fails_the_gate_is_reported_skipped_without_importing(v6e, capsys, monkeypatch):
+    import transformers_tpu_ext as plugin
+    from transformers_tpu_ext import registry
+    from transformers_tpu_ext.core import versions
+
+    reason = "transformers 9.0.0 is installed; this release supports transformers>=5.23,<6 (tested ...)"
+    monkeypatch.setattr(plugin, "status", lambda: {name: "armed" for name in registry.REGISTRY})
+    monkeypatch.setattr(plugin, "active_patches", lambda: [])
+    monkeypatch.setattr(plugin, "skipped_patches", lambda: {})
+    monkeypatch.setattr(versions, "version_gate", lambda dist: reason if dist == "transformers" else None)
+    patches = json.loads(_doctor(capsys, "--json"))["patches"]
+    assert patches["skipped"]["generation"] == reason and patches["skipped"]["hub_kernels"] == reason
+    assert "accelerate_memory" not in patches["skipped"]  # accelerate passes its gate
+    out = _doctor(capsys)
+    assert f"    generation: {reason}" in out

@@ -114,6 +114,7 @@ def test_two_workers_on_v6e_stop_before_torchrun_listing_the_supported_counts(tm
 
 
 def test_no_tpu_backend_is_one_clear_message(tmp_path):
+    (tmp_path / "x.py").write_text("")  # the arguments are right: the missing TPU is what is wrong
     proc = _run([sys.executable, "-m", "transformers_tpu_ext.launch", "--nproc_per_node=4", "x.py"], None, tmp_path)
     assert proc.returncode == 1
     assert "No TPU backend found" in proc.stderr and "torch_tpu" in proc.stderr
@@ -129,7 +130,15 @@ def _launch(capsys, *argv: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def v7_host(simulated_tpu, monkeypatch):
+def in_script_dir(tmp_path, monkeypatch):
+    """A working directory holding ``train.py`` (the script is checked before the chip)."""
+    (tmp_path / "train.py").write_text("raise SystemExit('a worker must not start')\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def v7_host(simulated_tpu, monkeypatch, in_script_dir):
     for var in ("TPU_WORKER_HOSTNAMES", "PET_NPROC_PER_NODE", "PET_NNODES", *LAUNCH_VARS):
         monkeypatch.delenv(var, raising=False)
     simulated_tpu.configure(chips=8, generation="v7")
@@ -171,7 +180,7 @@ def test_hidden_tpu_is_reported_as_no_backend(v7_host, capsys):
     assert rc == 1 and "No TPU backend found" in err
 
 
-def test_a_chip_the_backend_cannot_name_is_one_line_not_a_traceback(simulated_tpu, capsys):
+def test_a_chip_the_backend_cannot_name_is_one_line_not_a_traceback(simulated_tpu, capsys, in_script_dir):
     # TRANSFORMERS_TPU_EXT_SIMULATE=generation=v99 (docs/simulated-tpu.md allows it): torch.tpu.get_device_name()
     # raises, as torch_tpu does for a chip it does not know.
     simulated_tpu.configure(chips=4, generation="v99")

@@ -34,7 +34,7 @@ def _warmup(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     [
         ([], "choose the work"),
         (["--max-prompt-length", "64"], "needs both --max-prompt-length and --max-new-tokens"),
-        (["--max-prompt-length", "0", "--max-new-tokens", "4"], "--max-prompt-length must be >= 1"),
+        (["--max-prompt-length", "0", "--max-new-tokens", "4"], "argument --max-prompt-length: expected a whole number >= 1"),
     ],
 )
 def test_usage_errors_are_one_line(tmp_path, capsys, args, message):

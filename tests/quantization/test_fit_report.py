@@ -123,7 +123,7 @@ def test_doctor_fit_text(paths, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--fit", "/nonexistent/model"], "doctor --fit:"),
+        (["--fit", "/nonexistent/model"], "transformers-tpu doctor: error: --fit '/nonexistent/model': no such directory"),
         (["--fit", "CONFIG", "--weights", "int4"], "unknown weights format 'int4'"),
     ],
 )

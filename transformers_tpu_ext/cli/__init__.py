@@ -4,11 +4,17 @@ Each subcommand lives in its own module exposing ``main(argv: list[str] | None) 
 file only dispatches, so ``transformers-tpu launch ...`` hands torchrun's options through untouched.
 It follows the conventions of ``accelerate`` and ``torchrun``: ``-h``/``--help`` prints the help on
 stdout and exits 0, ``-V``/``--version`` the version; no command, or an unknown one, is a usage
-error (one line saying what is wrong, then the usage line, on stderr) with exit status 2.
+error with exit status 2.
+
+Every command answers a mistake in one line on stderr, ``<prog>: error: <what is wrong and what to
+do>``: exit status 2 for a bad argument or setting (said before any model loads or worker starts,
+:mod:`.args`), 1 for a failure while working (``TRANSFORMERS_TPU_EXT_VERBOSITY=debug`` shows its
+traceback, :mod:`.running`). Never a traceback otherwise.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -39,14 +45,20 @@ def _help() -> str:
 
 
 def _usage_error(message: str) -> int:
-    print(f"{USAGE}\n{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
+
+
+def _choices(given: str | None = None) -> str:
+    close = difflib.get_close_matches(given, COMMANDS, n=1) if given else []
+    meant = f"did you mean {close[0]!r}? " if close else ""
+    return f"({meant}choose from {', '.join(COMMANDS)}; `{PROG} --help` says what each does)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        return _usage_error(f"a command is required (choose from {', '.join(COMMANDS)})")
+        return _usage_error(f"a command is required {_choices()}")
     if args[0] in {"-h", "--help", "help"}:
         print(_help())
         return 0
@@ -58,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         what = "option" if command.startswith("-") else "command"
-        return _usage_error(f"unknown {what} {command!r} (choose from {', '.join(COMMANDS)})")
+        return _usage_error(f"unknown {what} {command!r} {_choices(command)}")
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(rest) or 0)
 

@@ -5,8 +5,9 @@ device_map="auto")``, inputs left on CPU, ``generate``) on the real TPU when the
 the simulated TPU otherwise (configured by ``TRANSFORMERS_TPU_EXT_SIMULATE`` when set). Without
 ``--model`` it builds a tiny model and tokenizer locally, with random weights (so its text is
 gibberish, and it says so), and never needs the Hub. It prints where the model ran, the tokens and
-the compile counters. A model that cannot be found (not a local directory, not in the Hugging Face
-cache, not on a reachable Hub) is one error line, at once.
+the compile counters. A bad argument or setting, or a model that cannot be found (not a model
+directory, not in the Hugging Face cache, not on a reachable Hub), is one error line, at once, before
+anything loads; a failure while it runs is one line too (:mod:`.running`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -22,46 +22,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import running
+from .args import CommandError, Parser, check_settings, parse, positive_int, seed
+from .models import resolve_model
+
 PROG = "transformers-tpu demo"
 PROMPT = "The secret to baking a good cake is"
-#: Seconds to wait for the Hub before saying it cannot be reached.
-HUB_TIMEOUT = 10.0
-
-
-#: Lines libraries log while the demo imports them that say nothing about the demo (issue 29): torchao's
-#: optional CUDA kernels, which a CPU or TPU host cannot load (Transformers imports torchao), and
-#: torch's deprecation of ``register_constant()`` on enums, which torchao calls. (logger, words of the
-#: message): dropped in the demo only, while it runs; never for user code.
-NOISE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("torchao", ("Failed to load ", "torchao", ".so")),
-    ("torch.utils._pytree", ("is an Enum subclass", "register_constant()")),
-)
-
-
-class _DropNoise(logging.Filter):
-    def __init__(self, words: tuple[str, ...]) -> None:
-        super().__init__()
-        self.words = words
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a record we cannot format is not ours to drop
-            return True
-        return not all(word in text for word in self.words)
-
-
-@contextlib.contextmanager
-def quiet_library_noise() -> Iterator[None]:
-    """Drop the :data:`NOISE` records (only those) while the demo runs."""
-    filters = [(logging.getLogger(name), _DropNoise(words)) for name, words in NOISE]
-    for logger, noise in filters:
-        logger.addFilter(noise)
-    try:
-        yield
-    finally:
-        for logger, noise in filters:
-            logger.removeFilter(noise)
 
 
 @contextlib.contextmanager
@@ -78,21 +44,17 @@ def _no_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class DemoError(Exception):
+class DemoError(CommandError):
     """A demo request that cannot work; ``str()`` says what to do. ``exit_code`` is 1 or 2."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a Hub id or local path (default: a tiny model built locally)")
-    parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--max-new-tokens", type=int, default=20)
+    parser.add_argument("--prompt", default=PROMPT, help="the prompt (not empty)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=20, help="tokens to generate (>= 1)")
     parser.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0, help="the seed of torch.manual_seed")
     parser.add_argument(
         "--simulate",
         choices=["auto", "always", "never"],
@@ -101,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
+
+
+def check(args: argparse.Namespace) -> None:
+    """Raise ``DemoError`` for a request that cannot work, before anything loads (the model is :func:`run`'s)."""
+    if not args.prompt.strip():
+        raise DemoError("--prompt is empty: pass some text to continue (default: the guide's prompt)")
+    check_settings()
 
 
 def _prepare_device(mode: str) -> tuple[str, Any]:
@@ -131,52 +100,6 @@ def _simulate_spec() -> dict[str, Any]:
         return chips.parse_spec(spec)
     except ValueError as error:
         raise DemoError(str(error)) from None
-
-
-def resolve_model(name: str, timeout: float = HUB_TIMEOUT) -> str:
-    """``name`` if it can be loaded: a local directory, a Hub id in the cache, or one the Hub has.
-
-    Raises ``DemoError`` at once otherwise (Transformers would retry the Hub for about a minute,
-    then raise a long traceback).
-    """
-    if os.path.isdir(name):
-        return name
-    if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise DemoError(f"--model {name!r}: no such directory; pass a local model directory or a Hub id such as Qwen/Qwen3-0.6B.")
-    from huggingface_hub import HfApi, try_to_load_from_cache
-    from huggingface_hub.utils import HfHubHTTPError, HFValidationError
-
-    try:
-        cached = try_to_load_from_cache(name, "config.json")
-    except HFValidationError:
-        raise DemoError(
-            f"--model {name!r}: not a local directory and not a valid Hub id; pass a local model directory "
-            "or a Hub id such as Qwen/Qwen3-0.6B."
-        ) from None
-    if isinstance(cached, str):
-        return name
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
-        raise DemoError(
-            f"--model {name!r}: not a local directory and not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
-            "download it first (unset HF_HUB_OFFLINE) or pass a local directory."
-        )
-    try:
-        HfApi().model_info(name, timeout=timeout)
-    except HfHubHTTPError as error:
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        if status in (401, 403, 404):
-            raise DemoError(
-                f"--model {name!r}: no such model on the Hugging Face Hub (or it is private or gated: "
-                "log in with `hf auth login`); pass a Hub id such as Qwen/Qwen3-0.6B or a local directory."
-            ) from None
-        raise DemoError(f"--model {name!r}: the Hugging Face Hub answered {error}", exit_code=1) from None
-    except Exception as error:  # noqa: BLE001 - no network, DNS, timeout
-        raise DemoError(
-            f"--model {name!r}: not a local directory, not in the Hugging Face cache, and the Hub cannot be reached "
-            f"({type(error).__name__}: {error}); pass a local directory, or run where the Hub is reachable.",
-            exit_code=1,
-        ) from None
-    return name
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -260,21 +183,20 @@ def _print_text(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exit_:  # --help, or argparse's usage error (already printed)
-        return exit_.code if isinstance(exit_.code, int) else 2
-    try:
-        with quiet_library_noise():
-            result = run(args)
-    except DemoError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return error.exit_code
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_text(result)
-    return 0
+    args = parse(_parser(), argv)
+    if isinstance(args, int):  # --help, or a usage error (already said)
+        return args
+
+    def work() -> int:
+        check(args)
+        result = run(args)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            _print_text(result)
+        return 0
+
+    return running.run(PROG, work)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,15 +2,17 @@
 
 Prints the versions that matter (with the supported range and the tested releases where the plugin
 has them), whether a TPU is seen (generation, chips, HBM, process counts ``transformers-tpu launch``
-accepts), which patches are active or skipped and why, the persistent compile cache (directory,
-entries and size, this process's hits and misses), invalid ``TRANSFORMERS_TPU_EXT_*`` settings, and
-the known problems of the installed combination. Plain text by default, ``--json`` for scripts.
-The exit status is 0 whenever the report could be made: problems are reported, not raised. See
-``docs/doctor.md``.
+accepts), which patches are active, armed, waiting or skipped and why, the persistent compile cache
+(directory, entries and size, this process's hits and misses), invalid ``TRANSFORMERS_TPU_EXT_*``
+settings, and the known problems of the installed combination. Plain text by default, ``--json`` for
+scripts. The exit status is 0 whenever the report could be made: problems are reported, not raised.
+See ``docs/doctor.md``.
 
-The report is built in two steps: :func:`collect` gathers facts (imports torch and each patch's
-target module, so every version gate runs), :func:`known_problems` and :func:`format_text` are plain
-functions over that dict.
+The report is built in two steps: :func:`collect` gathers facts (imports torch, and reads every
+version gate from the installed versions; with ``--import-targets`` it also imports each patch's target
+module, so each patch's own checks run: Transformers and the optional libraries take seconds to a
+minute to import, which the plain report spares), :func:`known_problems` and :func:`format_text` are
+plain functions over that dict.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .. import __version__
 from .. import backend, config, settings
 from ..core import topology, versions
 from ..core.progress import Progress
+from . import doctor_fit, running
+from .args import Parser, parse
 from .doctor_text import _size, format_text  # the report as text, re-exported here
 from ..testing.chips import SIMULATE_ENV
 from ..kernels.patch_hub_kernels import INSTALL as KERNELS_INSTALL
@@ -42,6 +46,7 @@ __all__ = ["DISTRIBUTIONS", "collect", "format_text", "known_problems", "main"]
 #: Distributions the report lists, in order.
 DISTRIBUTIONS = ("torch", "torch_tpu", "libtpu", "transformers", "accelerate", "wrapt", "jax", "kernels")
 _OWN_DISTRIBUTION = "transformers-tpu-ext"
+PROG = "transformers-tpu doctor"
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,7 +79,15 @@ def _extras_ranges() -> dict[str, str]:
 
 
 def _kernels_range() -> str | None:
-    """The ``kernels`` range Transformers accepts (it ignores other versions)."""
+    """The ``kernels`` range Transformers accepts (it ignores other versions): the requirement its
+    distribution declares (read without importing Transformers), else its ``import_utils`` constants."""
+    try:
+        for line in metadata.requires("transformers") or []:
+            req = Requirement(line)
+            if req.name.lower() == "kernels" and str(req.specifier):
+                return str(req.specifier)
+    except Exception:  # noqa: BLE001 - no metadata: ask Transformers itself
+        pass
     try:
         from transformers.utils import import_utils
 
@@ -163,39 +176,60 @@ def _capped_simulated_hbm(total_memory: int) -> int | None:
     return chip.hbm_bytes if chip is not None and chip.hbm_bytes > total_memory else None
 
 
-def _patches() -> dict[str, Any]:
-    import transformers_tpu_ext as plugin
-    from ..registry import REGISTRY, installed, module_name
-
+def _import_targets(targets: dict[str, str]) -> dict[str, str]:
+    """Import each of ``targets`` (patch -> module) so its post-import hook runs here; the failures, by patch."""
     errors: dict[str, str] = {}
-    absent: dict[str, str] = {}  # patch -> the optional library it waits for (not installed: nothing wrong)
-    # Import each target so its post-import hook (and version gate) runs in this process.
-    armed = {name: state for name, state in plugin.status().items()}
-    with warnings.catch_warnings(), Progress(len(REGISTRY), desc="doctor", unit="patch") as progress:
+    with warnings.catch_warnings(), Progress(len(targets), desc="doctor", unit="patch") as progress:
         warnings.simplefilter("ignore")
-        for name in REGISTRY:
+        for name, target in targets.items():
             try:
-                target = importlib.import_module(module_name(name)).TARGET
-                if installed(target):
-                    importlib.import_module(target)
-                else:
-                    absent[name] = target.partition(".")[0]
+                importlib.import_module(target)
             except Exception as error:  # noqa: BLE001
                 errors[name] = f"target not importable ({type(error).__name__}: {error})"
             progress.step(f"imported the target of {name}")
+    return errors
+
+
+def _patches(import_targets: bool = False) -> dict[str, Any]:
+    """Each patch's state. Without ``import_targets`` nothing is imported: a patch whose target this
+    process has not imported is *armed* (it applies when its module is imported) once its version gate
+    passes (read from the installed versions, as the hook would), or skipped with the gate's reason."""
+    import transformers_tpu_ext as plugin
+    from ..registry import REGISTRY, installed, module_name
+
+    before = plugin.status()
+    patches = {name: importlib.import_module(module_name(name)) for name in REGISTRY}
+    # patch -> the optional library it waits for (not installed: nothing wrong)
+    absent = {name: patch.TARGET.partition(".")[0] for name, patch in patches.items() if not installed(patch.TARGET)}
+    errors: dict[str, str] = {}
+    if import_targets:
+        errors = _import_targets({name: patch.TARGET for name, patch in patches.items() if name not in absent})
+    status = plugin.status()
     active = plugin.active_patches()
     skipped = dict(plugin.skipped_patches())
     for name, reason in errors.items():
         skipped.setdefault(name, reason)
-    pending = [name for name in REGISTRY if name not in active and name not in skipped and name not in absent]
+    armed: dict[str, str] = {}  # patch -> the module whose import applies it
+    for name, patch in patches.items():
+        if status[name] != "armed" or name in absent or name in skipped:
+            continue
+        reason = versions.version_gate(patch.DISTRIBUTION)
+        if reason is not None:
+            skipped[name] = reason
+        elif patch.TARGET not in sys.modules:
+            armed[name] = patch.TARGET
+    done = set(active) | set(skipped) | set(absent) | set(armed)
+    pending = [name for name in REGISTRY if name not in done]
     return {
         "plugin_active": plugin.is_active(),
         "active": active,
+        "armed": armed,
         "skipped": skipped,
         "pending": pending,
         "library_not_installed": absent,
-        "status": plugin.status(),
-        "status_before_imports": armed,
+        "imported_targets": import_targets,
+        "status": status,
+        "status_before_imports": before,
         "disable_env": os.environ.get(config.DISABLE_ENV) or None,
     }
 
@@ -215,8 +249,9 @@ def _compile_cache() -> dict[str, Any]:
     return facts
 
 
-def collect() -> dict[str, Any]:
-    """Gather the facts of this process and machine as a JSON-able dict."""
+def collect(import_targets: bool = False) -> dict[str, Any]:
+    """Gather the facts of this process and machine as a JSON-able dict (``import_targets``: import every
+    patch's target module first, so each patch is applied or skipped here; see :func:`_patches`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import torch  # noqa: F401 - loads torch_tpu (and the simulated TPU) through entry points
@@ -230,7 +265,7 @@ def collect() -> dict[str, Any]:
         "plugin": {"version": __version__},
         "versions": _versions(),
         "tpu": _tpu(),
-        "patches": _patches(),
+        "patches": _patches(import_targets),
         "compile_cache": _compile_cache(),
         "settings": settings.problems(),
         "environment": environment,
@@ -332,71 +367,38 @@ def known_problems(report: dict[str, Any]) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="transformers-tpu doctor",
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=PROG,
         description="Versions, TPU chips and HBM, active/skipped patches and known problems.",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
-    fit = parser.add_argument_group(
-        "fit report", "--fit MODEL_OR_CONFIG: which TPUs hold a model, from its config alone (meta device, no weights)"
+    parser.add_argument(
+        "--import-targets",
+        action="store_true",
+        help="import every patch's target module (Transformers, Accelerate, the optional libraries installed) so "
+        "each patch is applied or skipped in this process, its checks run (slower: seconds to a minute)",
     )
-    fit.add_argument("--fit", metavar="MODEL_OR_CONFIG", help="a Hub id, a local folder or a config.json")
-    fit.add_argument("--chips", type=_counts, help="chip counts to show, e.g. 1 or 1,4 (default: every topology)")
-    fit.add_argument("--generation", type=_names, help="TPU generations to show, e.g. v5e,v6e (default: all)")
-    fit.add_argument("--weights", type=_names, help="weight formats: bf16, int8, fp8 (default: all three)")
-    fit.add_argument("--kv", type=_names, default=["bf16"], help="KV cache formats: bf16, int8 (the opt-in int8 KV cache: TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8; default: bf16)")
-    fit.add_argument("--context", type=int, default=4096, help="cached positions a decode step reads (default: 4096)")
-    fit.add_argument("--batch", type=int, default=1, help="rows decoded together (default: 1)")
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+    doctor_fit.add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(_parser(), argv)
+    if isinstance(args, int):  # --help, or a usage error (already said)
+        return args
+    return running.run(PROG, lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    doctor_fit.check(args)
     if args.fit is not None:
-        return _fit(args)
-    report = collect()
+        return doctor_fit.report(args)
+    report = collect(import_targets=args.import_targets)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
         print(format_text(report))
-    return 0
-
-
-def _names(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _counts(text: str) -> list[int]:
-    try:
-        return [int(part) for part in _names(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a chip count or a comma-separated list of them") from None
-
-
-def _fit(args: argparse.Namespace) -> int:
-    """``doctor --fit``: the fit report of a model or config (exit status 2 when it cannot be made)."""
-    from ..quantization import capacity
-    from ..quantization import fit_report
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            reports = fit_report(
-                args.fit,
-                chips=args.chips,
-                generations=args.generation,
-                weights=args.weights,
-                kv=args.kv,
-                context=args.context,
-                batch=args.batch,
-            )
-    except (OSError, ValueError) as error:
-        print(f"transformers-tpu doctor --fit: {error}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps([report.asdict() for report in reports], indent=2))
-    else:
-        print(capacity.format_report(reports))
     return 0
 
 

@@ -76,6 +76,12 @@ def format_text(report: dict[str, Any]) -> str:
     if patches.get("disable_env"):
         lines.append(f"  {config.DISABLE_ENV}={patches['disable_env']}")
     lines.append(f"  active        {', '.join(patches['active']) or 'none'}")
+    if patches.get("armed"):
+        lines.append(
+            f"  armed         {', '.join(patches['armed'])}: each applies when its module is imported (Transformers' "
+            "at the first from_pretrained or pipeline); their versions pass the gate (--import-targets imports "
+            "them now and runs each patch's checks)"
+        )
     if patches.get("library_not_installed"):
         waiting = ", ".join(f"{name} ({library})" for name, library in patches["library_not_installed"].items())
         lines.append(f"  waiting       {waiting}: the library is not installed; the patch applies once it is")

@@ -16,8 +16,9 @@ Same command three ways::
 Errors a user can cause (no script, a script or module that does not exist, no TPU backend, a
 process count the chip has no topology for, ``--nnodes`` disagreeing with ``TPU_WORKER_HOSTNAMES``,
 a host of a slice that does not know its index or is given another one, a rendezvous that numbers
-hosts by arrival) end with one message saying what to do and a non-zero exit status before any
-worker starts, never a traceback.
+hosts by arrival, an invalid ``TRANSFORMERS_TPU_EXT_*`` setting) end with one line saying what to do
+and a non-zero exit status before any worker starts, never a traceback. The checks that need no chip
+come first (:func:`check_arguments`): a machine without a TPU still names a bad argument.
 
 On a slice of several hosts, each host is the node its ``NODE_RANK`` names (torchrun reads only
 ``--node_rank``), and the hosts meet at the slice's first host (:func:`multi_host`). ``--help`` is torchrun's, with TPU wording for the options this command changes. See
@@ -35,8 +36,10 @@ from typing import Any, NoReturn
 
 from .. import backend
 from ..core import topology
+from . import running
+from .args import CommandError, check_settings, parse, say
 
-__all__ = ["LaunchError", "check_script", "main", "prepare"]
+__all__ = ["LaunchError", "check_arguments", "check_script", "main", "prepare", "process_count"]
 
 PROG = "transformers-tpu launch"
 USAGE = f"{PROG} [torchrun options] script.py [script args]   (or -m module [args])"
@@ -51,12 +54,8 @@ _CHIP_WORDS = {"auto", backend.DEVICE_TYPE}
 _TORCHRUN_DEFAULTS: dict[str, Any] = {"node_rank": 0, "master_addr": "127.0.0.1", "master_port": None}
 
 
-class LaunchError(Exception):
+class LaunchError(CommandError):
     """A launch request that cannot work; ``str()`` says what to do. ``exit_code`` is 1 or 2."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 #: Help for the torchrun options whose meaning this command changes on TPU (by ``dest``).
@@ -100,10 +99,10 @@ def _parser() -> Any:
 
 
 def _usage_error(message: str) -> NoReturn:
-    """argparse's error, in one line (torchrun's usage runs to 30 lines): what is missing, then usage."""
+    """argparse's error, in one line (torchrun's usage runs to 30 lines): what is wrong and what to do."""
     if "training_script" in message:
         message = "no training script given: pass the script to run (or -m module), after the torchrun options"
-    print(f"usage: {USAGE}\n{PROG}: error: {message} (see --help)", file=sys.stderr)
+    say(PROG, f"{message} (see --help)")
     raise SystemExit(2)
 
 
@@ -286,15 +285,68 @@ def _tpu_module() -> Any:
     return getattr(sys.modules["torch"], "tpu")
 
 
+def process_count(requested: Any) -> int | None:
+    """The ``--nproc_per_node`` asked for: a number >= 1, or ``None`` for every chip (not given, ``auto``,
+    ``tpu``). Raises :class:`LaunchError` for anything else. Pure: needs no chip."""
+    if requested is None or str(requested).strip().lower() in _CHIP_WORDS:
+        return None
+    try:
+        count = int(str(requested).strip())
+    except ValueError:
+        raise LaunchError(
+            f"--nproc_per_node={requested} is not supported on TPU: pass a number of processes "
+            "(one per chip) or auto."
+        ) from None
+    if count < 1:
+        raise LaunchError(f"--nproc_per_node={count}: pass at least 1 (one process per chip).")
+    return count
+
+
+def check_any_topology(count: int) -> None:
+    """Raise :class:`LaunchError` when no TPU generation has a topology for ``count`` processes per host
+    (what can be said without seeing the chip: 3 processes never run)."""
+    if any(count in counts for counts in topology.TOPOLOGIES.values()):
+        return
+    listed = "; ".join(f"{gen}: {', '.join(map(str, counts))}" for gen, counts in topology.TOPOLOGIES.items())
+    raise LaunchError(
+        f"--nproc_per_node={count}: no TPU generation has a topology for {count} processes per host "
+        f"({listed}); pass one of those counts (at most the chips on the host), or auto."
+    )
+
+
+def check_arguments(args: Namespace, environ: dict[str, str] | None = None) -> int:
+    """Every check that needs no chip, in the order a user reads the command: the process count, the
+    hosts (``--nnodes``, ``TPU_WORKER_HOSTNAMES``, the rendezvous), the script, the plugin's settings.
+    Returns ``nnodes``; raises :class:`LaunchError`."""
+    environ = os.environ if environ is None else environ
+    nproc = process_count(args.nproc_per_node)
+    nnodes = _nnodes(args.nnodes)
+    _check_hosts(nnodes, environ)
+    check_rendezvous(
+        nnodes, rdzv_backend=getattr(args, "rdzv_backend", None), standalone=bool(getattr(args, "standalone", False))
+    )
+    if getattr(args, "training_script", None) is not None:
+        check_script(args)
+    try:
+        check_settings(environ)
+    except CommandError as error:
+        raise LaunchError(str(error)) from None
+    return nnodes
+
+
 def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int, int]:
-    """Check ``args`` (parsed torchrun options: the TPU, the process count, the hosts, then the
-    script), fill in ``nproc_per_node`` and prepare the launch environment. Returns
-    ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (no worker is started then). Fills in
-    ``node_rank``, ``master_addr`` and ``master_port`` for torchrun (:func:`multi_host`)."""
+    """Check ``args`` (parsed torchrun options: first what needs no chip, :func:`check_arguments`; then
+    the TPU and the process count against its chips), fill in ``nproc_per_node`` and prepare the launch
+    environment. Returns ``(nnodes, nproc_per_node)``; raises :class:`LaunchError` (no worker is started
+    then). Fills in ``node_rank``, ``master_addr`` and ``master_port`` for torchrun (:func:`multi_host`)."""
+    environ = os.environ if environ is None else environ
+    nnodes = check_arguments(args, environ)
     import torch  # noqa: F401 - loads the TPU backend (torch.backends entry points)
 
-    environ = os.environ if environ is None else environ
     if not backend.tpu_available():
+        nproc = process_count(args.nproc_per_node)
+        if nproc is not None:
+            check_any_topology(nproc)  # a count no chip runs says so first, with or without a chip here
         current = None
         try:
             accelerator = torch.accelerator.current_accelerator()
@@ -319,19 +371,7 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
             exit_code=1,
         ) from None
 
-    requested = args.nproc_per_node
-    if requested is None or str(requested).strip().lower() in _CHIP_WORDS:
-        nproc = chips
-    else:
-        try:
-            nproc = int(requested)
-        except ValueError:
-            raise LaunchError(
-                f"--nproc_per_node={requested} is not supported on TPU: pass a number of processes "
-                f"(one per chip, at most {chips} here) or auto."
-            ) from None
-    if nproc < 1:
-        raise LaunchError(f"--nproc_per_node={nproc}: pass at least 1 (one process per chip).")
+    nproc = process_count(args.nproc_per_node) or chips
     if nproc > chips:
         raise LaunchError(
             f"--nproc_per_node={nproc} but this host has {chips} TPU chip{'' if chips == 1 else 's'} "
@@ -340,14 +380,6 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
     problem = topology.check_process_count(name, nproc)
     if problem:
         raise LaunchError(problem)
-
-    nnodes = _nnodes(args.nnodes)
-    _check_hosts(nnodes, environ)
-    check_rendezvous(
-        nnodes, rdzv_backend=getattr(args, "rdzv_backend", None), standalone=bool(getattr(args, "standalone", False))
-    )
-    if getattr(args, "training_script", None) is not None:
-        check_script(args)
 
     set_env = getattr(getattr(_tpu_module(), "distributed", None), "set_tpu_launch_env", None)
     if set_env is None:
@@ -374,17 +406,14 @@ def prepare(args: Namespace, environ: dict[str, str] | None = None) -> tuple[int
 
 def main(argv: list[str] | None = None) -> int:
     """Check, prepare the TPU launch environment, run torchrun; return the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error (already printed)
-        return exit_.code if isinstance(exit_.code, int) else 2
-    try:
-        prepare(args)
-    except LaunchError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return error.exit_code
+    args = parse(_parser(), list(sys.argv[1:] if argv is None else argv))
+    if isinstance(args, int):  # --help, or a usage error (already said)
+        return args
+    return running.run(PROG, lambda: _launch(args))
 
+
+def _launch(args: Namespace) -> int:
+    prepare(args)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.run import run
 

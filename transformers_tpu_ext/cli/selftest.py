@@ -12,7 +12,8 @@ can time (the host decode loop against the device loop per token, a first start 
 one) and prints the ratios; on the simulated TPU timings mean nothing and it prints that instead.
 See ``docs/selftest.md``.
 
-The exit status is 0 when no check failed, 1 when one did, 2 for a usage error.
+The exit status is 0 when no check failed, 1 when one did (or the battery could not run: one line,
+:mod:`.running`), 2 for a usage error (one line, before anything runs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import traceback
 from dataclasses import asdict
 from typing import Any, Callable, Iterator, Sequence
 
+from . import running
+from .args import CommandError, Parser, check_settings, parse, say
 from .selftest_battery import Check, CheckFailed, Context, Result, Skip
 
 __all__ = ["Check", "CheckFailed", "Context", "Result", "Skip", "main", "run_battery"]
@@ -95,7 +98,8 @@ def _device(mode: str) -> Iterator[tuple[bool, Any]]:
         yield False, None
         return
     if mode == "never":
-        raise SystemExit(f"{PROG}: error: no TPU found (and --simulate never)")
+        raise CommandError("no TPU found and --simulate never: run it on a TPU VM, or drop --simulate never "
+                           "to run the checks on the simulated TPU", exit_code=1)
     sim = testing.simulated_tpu()  # installed from TRANSFORMERS_TPU_EXT_SIMULATE (or by a test): keep its configuration
     if sim is None or sim.is_parked:
         sim = testing.install(**SIMULATED)
@@ -160,7 +164,7 @@ def _print_summary(data: dict[str, Any]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
     parser.add_argument("--only", metavar="NAMES", help="a comma list of checks to run (default: all)")
     parser.add_argument("--ddp", action="store_true", help="run the DDP check on the simulated TPU too (2 processes)")
@@ -175,30 +179,50 @@ def _parser() -> argparse.ArgumentParser:
 def select(names: str | None) -> list[Check]:
     from .selftest_checks import CHECKS
 
-    if not names:
+    if names is None:
         return list(CHECKS)
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     known = {c.name: c for c in CHECKS}
     unknown = [n for n in wanted if n not in known]
+    if not wanted:
+        raise ValueError(f"--only {names!r} names no check: pass a comma list of them ({', '.join(known)}), or drop --only")
     if unknown:
         raise ValueError(f"--only: unknown check(s) {', '.join(unknown)} (choose from {', '.join(known)})")
     return [known[n] for n in wanted]
 
 
+def check_report_path(path: str | None) -> None:
+    """Raise :class:`CommandError` when ``--json PATH`` could not be written (before the battery runs, not after)."""
+    if path is None or path == "-":
+        return
+    if os.path.isdir(path):
+        raise CommandError(f"--json {path!r} is a directory: pass a file path (or - for stdout)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CommandError(f"--json {path!r}: no such directory {folder!r}; create it or pass another path (or - for stdout)")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise CommandError(f"--json {path!r} cannot be written: pass a writable path (or - for stdout)")
+
+
 def main(argv: list[str] | None = None, checks: Sequence[Check] | None = None) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parse(_parser(), argv)
+    if isinstance(args, int):  # --help, or a usage error (already said)
+        return args
     try:
         battery = list(checks) if checks is not None else select(args.only)
     except ValueError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        say(PROG, str(error))
         return 2
     if args.list:
         for check in battery:
             print(f"{check.name:<24} {check.proves}")
         return 0
+    return running.run(PROG, lambda: _run(args, battery))
+
+
+def _run(args: argparse.Namespace, battery: list[Check]) -> int:
+    check_report_path(args.json)
+    check_settings()
     start = time.perf_counter()
     with _device(args.simulate) as (simulated, sim), tempfile.TemporaryDirectory(prefix="tpu-selftest-") as tmp:
         where = "the SIMULATED TPU (no TPU found: the checks run, timings are not measured)" if simulated else "the TPU"

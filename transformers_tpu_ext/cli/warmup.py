@@ -13,7 +13,9 @@ next with the same cache directory loads them instead of compiling. The works:
   ``warmup(trainer, work="train", ...)`` in your own script once.
 
 The model loads with ``device_map="auto"`` and ``--dtype`` (the programs are those of that dtype).
-Each work shows its progress; the last line counts the programs (``--json``: one object).
+Each work shows its progress; the last line counts the programs (``--json``: one object). A bad
+option, option pair or setting is one error line before the model loads; a failure while warming up
+is one line too (:mod:`.running`).
 """
 
 from __future__ import annotations
@@ -26,60 +28,67 @@ import tempfile
 import time
 from typing import Any
 
+from . import running
+from .args import DTYPES, CommandError, Parser, check_settings, dtype, int_list, parse, positive_int
+from .models import resolve_model
+
 PROG = "transformers-tpu warmup"
 
 
-class WarmupError(Exception):
+class WarmupError(CommandError):
     """A request that cannot work; ``str()`` says what to do."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def _sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of batch sizes, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
-    return sizes
+    return int_list(text, what="batch sizes")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Compile every bucket of the chosen work into the persistent compile cache, ahead of time.",
     )
     parser.add_argument("model", metavar="MODEL", help="a local model directory or a Hub id")
     generate = parser.add_argument_group("generate()")
-    generate.add_argument("--max-prompt-length", type=int, help="longest prompt, in tokens")
-    generate.add_argument("--max-new-tokens", type=int, help="largest max_new_tokens")
+    generate.add_argument("--max-prompt-length", type=positive_int, help="longest prompt, in tokens")
+    generate.add_argument("--max-new-tokens", type=positive_int, help="largest max_new_tokens")
     sizes = generate.add_mutually_exclusive_group()
-    sizes.add_argument("--max-batch-size", type=int, default=1, help="largest batch (every batch bucket up to it)")
+    sizes.add_argument("--max-batch-size", type=positive_int, help="largest batch (every batch bucket up to it; default 1)")
     sizes.add_argument("--batch-sizes", type=_sizes, help="exactly these batch sizes, e.g. 1,4,8 (a sampling service)")
     generate.add_argument("--do-sample", action="store_true", help="the service samples (its choice graph is per batch size)")
     parser.add_argument("--serve", action="store_true", help="every continuous-batching step shape")
     train = parser.add_argument_group("training")
-    train.add_argument("--train", type=int, metavar="MAX_LENGTH", help="training steps of every bucket up to MAX_LENGTH tokens")
-    train.add_argument("--train-batch-size", type=int, default=8, help="per-device batch size (default 8)")
+    train.add_argument("--train", type=positive_int, metavar="MAX_LENGTH", help="training steps of every bucket up to MAX_LENGTH tokens")
+    train.add_argument("--train-batch-size", type=positive_int, help="per-device batch size (default 8)")
     train.add_argument("--bf16", action="store_true", help="train in bf16 (TrainingArguments(bf16=True))")
-    parser.add_argument("--dtype", default="auto", help="dtype the model loads in (default: auto, the checkpoint's)")
+    parser.add_argument("--dtype", type=dtype, default="auto", help=f"dtype the model loads in: {', '.join(DTYPES)} (default: auto, the checkpoint's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     return parser
 
 
-def _check(args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> None:
+    """Raise :class:`WarmupError` for options that cannot work together (the values' types are the parser's)."""
     generate = args.max_prompt_length is not None or args.max_new_tokens is not None
     if generate and (args.max_prompt_length is None or args.max_new_tokens is None):
         raise WarmupError("generate() needs both --max-prompt-length and --max-new-tokens")
-    if not (generate or args.serve or args.train):
+    if not (generate or args.serve or args.train is not None):
         raise WarmupError("choose the work: --max-prompt-length and --max-new-tokens (generate), --serve, --train MAX_LENGTH")
-    for name in ("max_prompt_length", "max_new_tokens", "max_batch_size", "train", "train_batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise WarmupError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not generate:
+        given = [option for option, value in (("--max-batch-size", args.max_batch_size), ("--batch-sizes", args.batch_sizes))
+                 if value is not None]
+        if given:
+            raise WarmupError(f"{given[0]} sizes the generate() work: add --max-prompt-length and --max-new-tokens, or drop it")
+    if args.do_sample and not (generate or args.serve):
+        raise WarmupError("--do-sample applies to generate() and --serve: add one of them, or drop it")
+    if args.train is None:
+        given = [option for option, value in (("--train-batch-size", args.train_batch_size), ("--bf16", args.bf16)) if value]
+        if given:
+            raise WarmupError(f"{given[0]} applies to --train MAX_LENGTH: add it, or drop {given[0]}")
+    if args.max_batch_size is None:
+        args.max_batch_size = 1
+    if args.train_batch_size is None:
+        args.train_batch_size = 8
+    check_settings()
 
 
 def _counts() -> dict[str, Any]:
@@ -105,12 +114,7 @@ def _difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from .demo import DemoError, resolve_model
-
-    try:
-        resolve_model(args.model)
-    except DemoError as error:
-        raise WarmupError(str(error).replace("--model ", "MODEL ", 1), error.exit_code) from None
+    resolve_model(args.model, option="MODEL")
     import torch  # noqa: F401 - activates the plugin (and torch_tpu, or the simulated TPU) through entry points
 
     import transformers_tpu_ext  # noqa: F401 - in case entry points are disabled
@@ -199,7 +203,7 @@ def _train(model: Any, args: argparse.Namespace, workdir: str) -> dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    _check(args)
+    check(args)
     model = _load(args)
     from transformers_tpu_ext.compilation import persistent
 
@@ -215,7 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     if args.max_prompt_length is not None:
         result["works"]["generate"] = _generate(model, args)
-    if args.train:
+    if args.train is not None:
         with tempfile.TemporaryDirectory() as workdir:
             result["works"]["train"] = _train(model, args, workdir)
     if args.serve:  # last: a manager that never starts leaves the model on its paged attention
@@ -248,20 +252,19 @@ def _summary(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
-    try:
+    args = parse(_parser(), argv)
+    if isinstance(args, int):  # --help, or a usage error (already said)
+        return args
+
+    def work() -> int:
         # stdout carries the result only: what the libraries print while working (the Trainer's
         # metrics) goes to stderr, with the progress bars, so `--json` output parses.
         with contextlib.redirect_stdout(sys.stderr):
             result = run(args)
-    except WarmupError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return error.exit_code
-    print(json.dumps(result, indent=2) if args.json else _summary(result))
-    return 0
+        print(json.dumps(result, indent=2) if args.json else _summary(result))
+        return 0
+
+    return running.run(PROG, work)
 
 
 if __name__ == "__main__":  # pragma: no cover
