@@ -40,6 +40,14 @@ def test_bare_command_is_a_usage_error_in_one_line():
     assert line.startswith("transformers-tpu: error: unknown command 'lanch' (did you mean 'launch'? choose from demo")
 
 
+def test_a_bad_setting_is_one_line_not_a_warning_and_an_error():
+    # The activation warning is left to the command, which names the variable in its one line.
+    proc = _run("demo", env={"TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS": "abc"})
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("transformers-tpu demo: error: TRANSFORMERS_TPU_EXT_GENERATE_PROMPT_BUCKETS='abc'")
+
+
 def test_launch_without_a_script_is_one_line():
     proc = _run("launch")
     assert proc.returncode == 2

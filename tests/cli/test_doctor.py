@@ -288,3 +288,40 @@ def test_an_armed_patch_whose_version_fails_the_gate_is_reported_skipped_without
     assert "accelerate_memory" not in patches["skipped"]  # accelerate passes its gate
     out = _doctor(capsys)
     assert f"    generation: {reason}" in out
+
+
+def test_past_the_tested_releases_doctor_imports_those_targets_so_their_checks_run(monkeypatch):
+    from transformers_tpu_ext.core import versions
+
+    imported: list[str] = []
+    monkeypatch.setattr(doctor, "_import_targets", lambda targets: imported.extend(targets.values()) or {})
+    monkeypatch.setattr(versions, "untested", lambda dist: "transformers 5.30.0 is installed" if dist == "transformers" else None)
+    doctor._patches()
+    assert "transformers.modeling_utils" in imported and "accelerate.state" not in imported
+    imported.clear()
+    monkeypatch.setattr(versions, "untested", lambda dist: None)
+    doctor._patches()
+    assert imported == []  # on the tested releases nothing is imported: a few seconds
+
+
+def test_a_patch_that_stands_aside_is_listed_under_known_problems(v6e, capsys, monkeypatch):
+    import importlib
+
+    import transformers.modeling_utils  # noqa: F401
+
+    import transformers_tpu_ext as ext
+    from transformers_tpu_ext import registry
+    from transformers_tpu_ext.core.relies import Signature
+
+    patch = importlib.import_module(registry.module_name("use_kernels"))
+    monkeypatch.setattr(patch, "RELIES_ON", (Signature("PreTrainedModel.set_use_kernels", ("renamed_in_5_30",)),))
+    ext.deactivate()
+    ext.activate()
+    try:
+        out = _doctor(capsys)
+    finally:
+        monkeypatch.undo()
+        ext.deactivate()
+        ext.activate()
+    problems = out.split("Known problems", 1)[1]
+    assert "patch 'use_kernels' is not applied: stands aside" in problems and "renamed_in_5_30" in problems

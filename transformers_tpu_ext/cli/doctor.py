@@ -191,9 +191,11 @@ def _import_targets(targets: dict[str, str]) -> dict[str, str]:
 
 
 def _patches(import_targets: bool = False) -> dict[str, Any]:
-    """Each patch's state. Without ``import_targets`` nothing is imported: a patch whose target this
-    process has not imported is *armed* (it applies when its module is imported) once its version gate
-    passes (read from the installed versions, as the hook would), or skipped with the gate's reason."""
+    """Each patch's state. Without ``import_targets`` only the targets of patches whose library is installed at
+    a release past the tested ones are imported (there, what a patch relies on may have changed: importing runs
+    its checks, and a patch that stands aside is reported); on the tested releases nothing is imported: a patch
+    whose target this process has not imported is *armed* (it applies when its module is imported) once its
+    version gate passes (read from the installed versions, as the hook would), or skipped with the gate's reason."""
     import transformers_tpu_ext as plugin
     from ..registry import REGISTRY, installed, module_name
 
@@ -201,9 +203,13 @@ def _patches(import_targets: bool = False) -> dict[str, Any]:
     patches = {name: importlib.import_module(module_name(name)) for name in REGISTRY}
     # patch -> the optional library it waits for (not installed: nothing wrong)
     absent = {name: patch.TARGET.partition(".")[0] for name, patch in patches.items() if not installed(patch.TARGET)}
-    errors: dict[str, str] = {}
-    if import_targets:
-        errors = _import_targets({name: patch.TARGET for name, patch in patches.items() if name not in absent})
+    untested = {dist for dist in {p.DISTRIBUTION for p in patches.values()} if versions.untested(dist)}
+    to_import = {
+        name: patch.TARGET
+        for name, patch in patches.items()
+        if name not in absent and (import_targets or patch.DISTRIBUTION in untested)
+    }
+    errors = _import_targets(to_import) if to_import else {}
     status = plugin.status()
     active = plugin.active_patches()
     skipped = dict(plugin.skipped_patches())

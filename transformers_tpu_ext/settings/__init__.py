@@ -258,10 +258,25 @@ _lock = threading.Lock()
 _warned: set[str] = set()
 
 
+def _the_command_reports_them() -> bool:
+    """Whether this process is the ``transformers-tpu`` command, which checks every setting itself: a command
+    refuses to start in one line naming the variable, ``doctor`` lists them under "Known problems"."""
+    import sys
+
+    argv = list(getattr(sys, "orig_argv", ()))
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    return os.path.basename(sys.argv[0] if sys.argv else "") == "transformers-tpu" or module in (
+        "transformers_tpu_ext.cli", "transformers_tpu_ext.cli.__main__"
+    )
+
+
 def warn_about_problems(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Warn once per process for each invalid setting; returns the problems. Never raises."""
+    """Warn once per process for each invalid setting (not in the ``transformers-tpu`` command, which reports
+    them itself); returns the problems. Never raises."""
     try:
         found = problems(environ)
+        if environ is None and _the_command_reports_them():
+            return found
         with _lock:
             new = [p for p in found if p not in _warned]
             _warned.update(new)
