@@ -17,7 +17,7 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
 - ``PagedAttentionCache.__init__`` / ``group_layers_by_attn_type``: one full-attention cache group
   (sliding windows are applied by the attention's mask); with the int8 KV cache
   (``serving.kv_cache_path``), int8 pages and a parallel float32 scale tensor, whose blocks
-  ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
+  ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request): ``wrap_cache``.
 - the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
 - ``ContinuousBatchingLogitsProcessorList.__init__``: a manager that samples reads temperature, top-k
@@ -44,6 +44,7 @@ from .plan import plan_of as _plan_of
 from . import sampling
 from . import tensor_parallel
 from . import wrap_attention as attention
+from . import wrap_cache as cache
 from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
 from ..compilation import recompile_limit
@@ -75,9 +76,6 @@ class _Init:
 
 
 _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb_init", default=None)
-_one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
-#: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
-_activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
 
 
 def apply(module: Any) -> None:
@@ -94,15 +92,15 @@ def apply(module: Any) -> None:
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
     _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
-    _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
-    _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    _wraps.wrap(cache_module.PagedAttentionCache, "__init__", cache.cache_init)
+    _wraps.wrap(cache_module, "group_layers_by_attn_type", cache.group_layers)
     scheduler = sys.modules["transformers.generation.continuous_batching.scheduler"]
     _wraps.wrap(scheduler.Scheduler, "add_waiting_request", requests.add_waiting_request)
     allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
-    _wraps.wrap(allocators.CacheAllocator, "copy_blocks", _copy_blocks)
+    _wraps.wrap(allocators.CacheAllocator, "copy_blocks", cache.copy_blocks)
     handler = cache_module.PagedAttentionMemoryHandler
-    _wraps.wrap(handler, "get_available_memory", _available_memory)
-    _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", _infer_sizes)
+    _wraps.wrap(handler, "get_available_memory", cache.available_memory)
+    _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", cache.infer_sizes)
 
 
 def revert() -> None:
@@ -282,85 +280,6 @@ def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if _plan_of(kwargs.get("continuous_batching_config")) is not None:
         return _step_io().io_class()(*args, **kwargs)
     return wrapped(*args, **kwargs)
-
-
-# -------------------------------------------------------------------------------------------------
-# The paged cache: one full-attention group, sized from the chip's HBM
-
-
-def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    config = kwargs.get("continuous_batching_config", args[1] if len(args) > 1 else None)
-    plan = _plan_of(config)
-    if plan is None:
-        return wrapped(*args, **kwargs)
-    activations = None
-    if plan.kv_cache == "int8":  # upstream's allocators lay out int8 pages (bytes per page halve from bf16)
-        args, kwargs, activations = _runtime().int8_pages(args, kwargs)
-    if plan.kv_head_split is not None:  # one rank's key-value heads, whatever the plan's layout
-        args, kwargs = _runtime().local_kv_heads(args, kwargs, plan.kv_head_split)
-    tokens = _one_group.set(True), _activations.set(activations)
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        _one_group.reset(tokens[0])
-        _activations.reset(tokens[1])
-    if activations is not None:
-        _runtime().add_int8_scales(instance)
-    requests.mark_cache(instance, plan)
-    return result
-
-
-def _copy_blocks(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    _runtime().copy_int8_scales(instance, *args, **kwargs)  # an int8 paged cache's scales go with its blocks
-    return result
-
-
-def _group_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    groups = wrapped(*args, **kwargs)
-    if not _one_group.get() or len(groups) == 1 and "full_attention" in groups:
-        return groups
-    # Sliding-window layers keep their whole history: the attention applies the window by mask.
-    return {"full_attention": sorted(layer for layers in groups.values() for layer in layers)}
-
-
-def _available_memory(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    plan = _plan_of(instance.cb_config)
-    return wrapped(*args, **kwargs) if plan is None else plan.budget
-
-
-def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    plan = _plan_of(instance.cb_config)
-    if plan is None:
-        return wrapped(*args, **kwargs)
-    from transformers.generation.continuous_batching.utils import find_head_dim
-
-    if _activations.get() is not None:  # int8 pages; activations (and their working memory) in the model's dtype
-        instance.activation_dtype = _activations.get()
-    plan.cache = serving.cache_plan(
-        plan.budget,
-        serving.kv_bytes_per_sector(instance.bytes_per_sector, find_head_dim(instance.config), plan.kv_cache),
-        _step_bytes(instance, plan),
-        requested_sectors=instance.num_sectors_from_config(),
-    )
-    logger.info("transformers-tpu-ext: TPU paged cache %s", plan.cache)
-    return plan.max_batch_tokens, plan.cache.num_sectors
-
-
-def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
-    from transformers.generation.continuous_batching.utils import find_head_dim
-
-    # under TP, upstream's handler divides the heads by the cache's split, not by what a rank computes
-    heads, kv_heads = plan.local_heads or (handler.num_attention_heads, handler.num_key_value_heads)
-    return serving.step_bytes(
-        plan,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=find_head_dim(handler.config),
-        itemsize=handler.activation_dtype.itemsize,
-        vocab_size=handler.config.vocab_size,
-        activation_bytes_per_token=handler.bytes_per_batch_token,
-    )
 
 
 def _resident_bytes(model: Any) -> int:
