@@ -48,11 +48,60 @@ from . import wrap_cache as cache
 from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
 from ..compilation import recompile_limit
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, warn_once
 
 NAME = "continuous_batching"
 TARGET = "transformers.generation.continuous_batching.continuous_api"
 DISTRIBUTION = "transformers"
+_CB = "transformers.generation.continuous_batching"
+RELIES_ON = (
+    # The manager and the mixin: what each wrapper reads of its arguments (args[i] or by name).
+    Signature("ContinuousBatchingManager.__init__", positional=("model", "generation_config", "continuous_batching_config")),
+    Signature("ContinuousBatchingManager.switch_to_cb_friendly_attn", positional=("model",)),
+    Signature("ContinuousBatchingManager.add_request", positional=("input_ids", "request_id", "max_new_tokens")),
+    *(Signature(f"ContinuousBatchingManager.{name}") for name in ("start", "destroy", "add_requests", "is_running", "warmup")),
+    Signature("ContinuousBatchingManager.stop", ("block", "timeout", "hard_stop")),
+    Signature("ContinuousMixin.generate_batch"),
+    Signature("OutputRouter.fail_and_deliver", positional=("state", "error")),
+    # The resolved config: called by keyword; the plan sets these fields, and a CompileConfig of its own.
+    Signature("resolve_continuous_batching_config", ("config", "workload_hints", "device")),
+    *(Attribute(f"ContinuousBatchingConfig.{name}") for name in (
+        "page_size", "max_batch_tokens", "max_requests_per_batch", "max_blocks_per_request", "use_cuda_graph",
+        "use_async_batching", "varlen_compile_config", "decode_compile_config", "return_logprobs")),
+    Signature("transformers.generation.configuration_utils:CompileConfig", ("backend", "mode", "fullgraph", "dynamic")),
+    # A step: TPUBatchIO takes ContinuousBatchingIOs' arguments and replaces the methods upstream calls.
+    Signature("ContinuousBatchingIOs", positional=("cache", "config", "continuous_batching_config", "device", "model_dtype",
+                                                   "logit_processor")),
+    Signature("ContinuousBatchingIOs.prepare_batch_tensors", positional=(
+        "requests_in_batch", "logits_processors", "use_decode_fast_path", "num_q_tokens", "max_kv_read", "use_padding")),
+    Signature("ContinuousBatchingIOs.get_model_kwargs", ("use_padding",)),
+    Signature("ContinuousBatchingIOs.retrieve_device_outputs"),
+    Signature("ModelRunner.warmup", positional=("model",)),
+    Signature("ModelRunner.compute_batch", positional=("model", "batch_data")),
+    Signature("ContinuousBatchingLogitsProcessorList.__init__", positional=(
+        "logits_processor", "per_request_processors", "drop_unsupported_processors")),
+    Signature("ContinuousBatchingLogitsProcessorList.prepare_tensor_args", ("requests_in_batch", "arg_storage")),
+    # The paged cache (wrap_cache; runtime.int8_pages reads args[4] / dtype=, local_kv_heads args[3] / distributed_helper=).
+    Signature(f"{_CB}.cache:PagedAttentionCache.__init__", positional=(
+        "config", "continuous_batching_config", "device", "distributed_helper", "dtype")),
+    Signature(f"{_CB}.cache:PagedAttentionCache.update", positional=("key_states", "value_states", "layer_idx", "kwargs")),
+    Signature(f"{_CB}.cache:group_layers_by_attn_type"),
+    *(Signature(f"{_CB}.cache:PagedAttentionMemoryHandler.{name}") for name in (
+        "get_available_memory", "infer_max_batch_tokens_and_num_sectors", "num_sectors_from_config")),
+    Attribute(f"{_CB}.cache:PagedAttentionMemoryHandler.bytes_per_batch_token"),
+    Signature(f"{_CB}.cache_allocators.cache_allocator:CacheAllocator.copy_blocks", ("source_block_ids", "dest_block_ids")),
+    Signature(f"{_CB}.cache_allocators.cache_allocator:CacheAllocator.get_write_indices", positional=(
+        "request_id", "past_length", "query_length")),
+    Signature(f"{_CB}.utils:find_head_dim", positional=("config",)),
+    Signature(f"{_CB}.distributed:DistributedHelper.extract_tp_mesh", positional=("device_mesh",)),
+    # The requests (wrap_requests: Scheduler.add_waiting_request reads args[0] / state=, lowers its max_new_tokens).
+    Signature(f"{_CB}.scheduler:Scheduler.add_waiting_request", positional=("state",)),
+    Signature(f"{_CB}.requests:RequestState", ("request_id", "initial_tokens", "max_new_tokens")),
+    Attribute(f"{_CB}.requests:RequestState._new_tokens_limit"),  # derived from max_new_tokens by __post_init__
+    # PreTrainedModel.set_attn_implementation is in transformers.modeling_utils, which may still be importing
+    # when this target is: not checked here.
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 
