@@ -144,6 +144,8 @@ def _pipeline(pipe: Any, tokenizer: Any, call: Mapping[str, Any]) -> Any:
 
 
 def _encoder(model: Any, tokenizer: Any, call: Mapping[str, Any]) -> Any:
+    import torch
+
     tokenizer = tokenizer or model.tokenizer
     word = _word(tokenizer)
 
@@ -152,7 +154,8 @@ def _encoder(model: Any, tokenizer: Any, call: Mapping[str, Any]) -> Any:
 
     def step(rows: int, length: int, floor: int) -> None:
         text = _text(count, length, floor, word)
-        model.encode([text] * rows, batch_size=rows, **call)
+        with torch.no_grad():  # encode() runs under inference mode itself
+            model.encode([text] * rows, batch_size=rows, **call)
 
     return step
 
