@@ -89,6 +89,7 @@ class Bucketed:
         self.compile = compile
         self.host_cut = drop_cache  # a library caller (pipelines, lm-eval) reads the outputs on the host
         self.compiled = 0
+        self.shapes: dict[tuple[int, int], int] = {}  # padded (rows, length) -> calls run at it
         self.eager_reasons: dict[str, int] = {}
         self.graph_breaks: dict[Any, str] = {}
         self._replaced = False  # the model's forward was an attribute of the instance already (not compiled)
@@ -217,6 +218,7 @@ class Bucketed:
             self.deferred[plan.deferred] = self.deferred.get(plan.deferred, 0) + 1
         self.used.add(plan.length)
         self.used_rows.add(plan.rows)
+        self.shapes[(plan.rows, plan.length)] = self.shapes.get((plan.rows, plan.length), 0) + 1
         if self._replaced:
             reason = compile_policy.compile_path(compile_policy.CompileFacts(forward_replaced=True))
             self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
