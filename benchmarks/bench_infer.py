@@ -27,7 +27,13 @@ one workload would be reused by the next):
 
 Printed JSON, per side and workload: programs compiled (graphs + eager per-shape programs) and
 host<->device bytes in the first and the second half of the texts, and the largest difference from
-plain Transformers on the CPU (``max_abs_diff``; labels compared exactly: ``labels_match``).
+plain Transformers on the CPU (``max_abs_diff``; labels compared exactly: ``labels_match``); per batch of
+the second half (steady state): ``graph_calls_per_batch``, ``eager_ops_per_batch`` (each a launch of its own
+program and an HBM round trip on a chip) and ``programs_per_batch``. Plugin side, text workloads:
+``roofline`` (texts/s per chip generation at the larger of the padded batches' FLOPs over peak bf16 FLOP/s and
+their HBM bytes over HBM bandwidth, ``quantization.capacity.CHIPS``; one compiled program per batch assumed, as
+the plugin runs it) and ``padding_waste`` (tokens computed over real tokens of the second half: the plugin's
+shapes, and the batches' own lengths under each bucket ladder).
 """
 
 from __future__ import annotations
@@ -208,6 +214,68 @@ def _media(name: str, count: int):
     return inputs, make
 
 
+LADDERS = {
+    "none (each batch at its longest, plain)": None,
+    "training ladder (16, 32, 48, 64, 96...; the plugin's)": "sequence",
+    "powers of two (min 16)": "pow2",
+    "multiples of 128": "m128",
+}
+
+
+def _ladder(name):
+    from transformers_tpu_ext.inference.policy import sequence_ladder
+
+    kind = LADDERS[name]
+    if kind == "sequence":
+        return sequence_ladder()
+    if kind == "pow2":
+        return tuple(1 << i for i in range(4, 20))
+    if kind == "m128":
+        return tuple(range(128, 1 << 17, 128))
+    return None
+
+
+def _padding_waste(lengths: list[int]) -> dict:
+    """Tokens computed over real tokens for the texts' token counts in batches of BATCH, under each ladder."""
+    from transformers_tpu_ext.inference.compile_policy import padding_waste
+    from transformers_tpu_ext.inference.policy import row_ladder
+    from transformers_tpu_ext.ladders import round_up
+
+    out = {}
+    for name in LADDERS:
+        ladder, padded = _ladder(name), 0
+        for start in range(0, len(lengths), BATCH):
+            batch = lengths[start:start + BATCH]
+            rows = len(batch) if ladder is None else round_up(len(batch), row_ladder())
+            padded += rows * (max(batch) if ladder is None else round_up(max(batch), ladder))
+        out[name] = padding_waste(sum(lengths), padded)
+    return out
+
+
+def _roofline(model, shapes: dict, texts: int) -> dict:
+    """Texts/s per chip generation if each padded batch is one program bound by the larger of its FLOPs over the
+    chip's peak bf16 FLOP/s and its HBM bytes (bf16 weights once, the batch's activations in and out of each
+    layer) over the HBM bandwidth."""
+    from transformers_tpu_ext.quantization.capacity import CHIPS
+
+    config = model.config
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    embeddings = sum(p.numel() for n, p in model.named_parameters() if "embed" in n)
+    dense = sum(p.numel() for p in model.parameters()) - embeddings
+    flops = bytes_ = 0.0
+    batches = []
+    for (rows, length), calls in shapes.items():
+        f = 2.0 * dense * rows * length + 4.0 * layers * rows * length * length * hidden
+        b = 2.0 * sum(p.numel() for p in model.parameters()) + 2.0 * 2 * layers * rows * length * hidden
+        batches.append((f, b, calls))
+        flops, bytes_ = flops + f * calls, bytes_ + b * calls
+    rates = {}
+    for generation, chip in CHIPS.items():
+        seconds = sum(calls * max(f / chip.bf16_flops, b / chip.bandwidth) for f, b, calls in batches)
+        rates[generation] = round(texts / seconds, 1) if seconds else None
+    return {"flops": flops, "hbm_bytes": bytes_, "texts_per_s": rates}
+
+
 def worker(side: str, texts_count: int, workloads: list[str]) -> None:
     import torch
 
@@ -251,11 +319,21 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
         start = time.perf_counter()
         before = sim.counters()
         got = run(texts[:half])
+        shapes_first = {}
+        if plugin and name not in MEDIA_WORKLOADS:
+            from transformers_tpu_ext.inference import runtime as _runtime
+
+            probe = model if task is None or name in ("lm_eval", "encode") else pipe.model
+            shapes_first = dict(_calls(name, task, probe, _runtime).shapes)
         middle = sim.counters()
         got = got + run(texts[half:])
         after = sim.counters()
         first, second = middle - before, after - middle
+        batches = sum(1 for _ in range(0, len(texts) - half, BATCH))
         report[name] = {
+            "graph_calls_per_batch": round(second.graph_calls / batches, 2),
+            "eager_ops_per_batch": round(second.eager_ops / batches, 2),
+            "programs_per_batch": round(second.programs / batches, 2),
             "texts": len(texts),
             "programs_first_half": first.programs,
             "programs_second_half": second.programs,
@@ -269,21 +347,35 @@ def worker(side: str, texts_count: int, workloads: list[str]) -> None:
         if plugin:
             from transformers_tpu_ext.inference import runtime
 
-            if name == "encode":
-                from transformers_tpu_ext.inference import bucketed
+            target = pipe.model if name in MEDIA_WORKLOADS else (model if task is None or name in ("lm_eval", "encode") else pipe.model)
+            calls = _calls(name, task, target, runtime)
+            report[name].update(padded_calls=calls.padded, compiled_calls=calls.compiled, unpadded=calls.reasons,
+                                not_compiled=calls.eager_reasons, lengths=sorted(calls.used), rows=sorted(calls.used_rows))
+            if name not in MEDIA_WORKLOADS and tokenizer is not None:
+                shapes = {k: v - shapes_first.get(k, 0) for k, v in calls.shapes.items() if v - shapes_first.get(k, 0)}
+                real = [len(tokenizer(t)["input_ids"]) for t in texts[half:]]
+                padded = sum(r * n * c for (r, n), c in shapes.items())
+                from transformers_tpu_ext.inference.compile_policy import padding_waste
 
-                calls = bucketed(model)
-            elif name in MEDIA_WORKLOADS:
-                from transformers_tpu_ext.inference.media_calls import MediaCalls
-
-                calls = runtime.for_model(pipe.model, drop_cache=True, kind=MediaCalls)
-            else:
-                options = {"positional_ids": True} if name == "lm_eval" else {}
-                calls = runtime.for_model(model if task is None else pipe.model, drop_cache=task is not None or name == "lm_eval",
-                                          **options)
-            report[name].update(padded_calls=calls.padded, unpadded=calls.reasons, lengths=sorted(calls.used),
-                                rows=sorted(calls.used_rows))
+                report[name]["padding_waste"] = {"plugin (padded tokens / real tokens)": padding_waste(sum(real), padded),
+                                                 **_padding_waste(real)}
+                inner = calls.module
+                report[name]["roofline"] = _roofline(inner, shapes, len(texts) - half)
     emit(report)
+
+
+def _calls(name, task, target, runtime):
+    """The plugin's ``Bucketed`` of a workload (the one its patch or ``bucketed()`` used)."""
+    if name == "encode":
+        from transformers_tpu_ext.inference import bucketed
+
+        return bucketed(target)
+    if name in MEDIA_WORKLOADS:
+        from transformers_tpu_ext.inference.media_calls import MediaCalls
+
+        return runtime.for_model(target, drop_cache=True, kind=MediaCalls)
+    options = {"positional_ids": True} if name == "lm_eval" else {}
+    return runtime.for_model(target, drop_cache=task is not None or name == "lm_eval", **options)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -315,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     if {"plain", "plugin"} <= set(report["sides"]):
         report["comparison"] = {
             name: {
-                "plain_programs_second_half": report["sides"]["plain"][name]["programs_second_half"],
-                "plugin_programs_second_half": report["sides"]["plugin"][name]["programs_second_half"],
+                **{f"{side}_{key}": report["sides"][side][name][key] for side in ("plain", "plugin")
+                   for key in ("programs_second_half", "graph_calls_per_batch", "eager_ops_per_batch", "programs_per_batch")},
             }
             for name in workloads
         }

@@ -38,8 +38,8 @@ __all__ = [
 
 
 #: The works :func:`warmup` compiles ahead (each capability's warm-up is in its own folder:
-#: ``generation/warm_up.py``, ``serving/warm_up.py``, ``training/warm_up.py``).
-WORKS = ("generate", "serve", "train")
+#: ``generation/warm_up.py``, ``serving/warm_up.py``, ``training/warm_up.py``, ``inference/warm_up.py``).
+WORKS = ("generate", "serve", "train", "infer")
 
 
 def _is_trainer(target: Any) -> bool:
@@ -48,11 +48,13 @@ def _is_trainer(target: Any) -> bool:
 
 def warmup(target: Any, work: str | None = None, **options: Any) -> Any:
     """Precompile ``work`` for ``target`` (a model, or a ``Trainer`` for ``"train"``): one warmup for
-    every work, ``"generate"`` (the default for a model), ``"serve"``, ``"train"`` (the default for a ``Trainer``).
+    every work, ``"generate"`` (the default for a model), ``"serve"``, ``"train"`` (the default for a ``Trainer``),
+    ``"infer"`` (batch inference: a model, a pipeline, a ``SentenceTransformer`` or an lm-eval ``HFLM``).
     Each tells the recompile guard that its work is warmed up; see ``docs/compile-cache.md``.
 
     ``warmup(model, max_prompt_length=512, max_new_tokens=128, max_batch_size=8)`` (generate),
-    ``warmup(model, work="serve", generation_config=...)``, ``warmup(trainer, max_length=512)`` (train).
+    ``warmup(model, work="serve", generation_config=...)``, ``warmup(trainer, max_length=512)`` (train),
+    ``warmup(pipe, work="infer", max_length=128, max_batch_size=8)`` (every padded forward's bucket).
     """
     if work is None:
         work = "train" if _is_trainer(target) else "generate"
@@ -66,6 +68,10 @@ def warmup(target: Any, work: str | None = None, **options: Any) -> Any:
         return warmup_train(target, **options)
     if _is_trainer(target):
         raise TypeError(f"warmup(trainer, work={work!r}): pass the model (trainer.model) for {work!r}")
+    if work == "infer":
+        from .inference.warm_up import warmup_infer
+
+        return warmup_infer(target, **options)
     if work == "serve":
         from .serving.warm_up import warmup_serve
 

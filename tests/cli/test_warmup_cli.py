@@ -109,3 +109,55 @@ def test_a_second_warmup_and_the_service_after_it_compile_nothing(tmp_path):
     assert service.returncode == 0, service.stderr[-3000:]
     counters = json.loads(service.stdout.split("@@", 1)[1])
     assert counters["graphs_compiled"] + counters["eager_programs"] == 0 and counters["programs_loaded"] > 0
+
+
+def test_infer_options_are_checked_before_loading(tmp_path, capsys):
+    for args, message in (
+        (["--task", "fill-mask", "--serve"], "--task applies to --infer MAX_LENGTH"),
+        (["--infer", "64", "--task", "summarization"], "is not a pipeline --infer warms up"),
+        (["--infer", "64", "--serve"], "a command of its own"),
+        (["--infer", "0"], "argument --infer: expected a whole number >= 1"),
+    ):
+        assert cli.main(["warmup", str(tmp_path), *args]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], lines
+
+
+PIPELINE_SERVICE = """
+import json, sys, torch
+from transformers import pipeline
+import transformers_tpu_ext
+from transformers_tpu_ext import testing
+from transformers_tpu_ext.testing.tiny_encoders import random_texts
+sim = testing.simulated_tpu()
+pipe = pipeline("text-classification", model=sys.argv[1], device="tpu")
+transformers_tpu_ext.warmup(pipe, work="infer", max_length=48, max_batch_size=8)   # loads every bucket
+before = sim.counters()
+with testing.cache_only("100 texts after the warm-up"):
+    pipe(random_texts(100, seed=9, longest=30), batch_size=8)
+delta = sim.counters() - before
+print("@@" + json.dumps({"total": sim.counters().asdict(), "steady": delta.asdict()}))
+"""
+
+
+@pytest.mark.slow
+def test_infer_warmup_then_a_fresh_pipeline_process_compiles_nothing(tmp_path):
+    from transformers_tpu_ext.testing.tiny_encoders import tiny_bert_tokenizer, tiny_encoder
+
+    path = tmp_path / "bert"
+    tiny_encoder("sequence_classification").save_pretrained(path)
+    tiny_bert_tokenizer().save_pretrained(path)
+    cache = tmp_path / "cache"
+    env = _env(TRANSFORMERS_TPU_EXT_SIMULATE="chips=1,hbm=96MiB", TRANSFORMERS_TPU_EXT_COMPILE_CACHE=str(cache))
+    first = _warmup([str(path), "--infer", "48", "--task", "text-classification", "--max-batch-size", "8", "--json"], env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    one = json.loads(first.stdout[first.stdout.index("{"):])
+    assert one["works"]["infer"]["buckets"] == [[r, n] for r in (1, 2, 4, 8) for n in (16, 32, 48)]
+    assert one["programs"]["compiled"] == 12 and one["programs"]["loaded"] == 0  # one graph per bucket, no eager op
+    service = subprocess.run([sys.executable, "-c", textwrap.dedent(PIPELINE_SERVICE), str(path)], capture_output=True,
+                             text=True, env=env, timeout=900)
+    assert service.returncode == 0, service.stderr[-3000:]
+    seen = json.loads(service.stdout.split("@@", 1)[1])
+    total, steady = seen["total"], seen["steady"]
+    assert total["graphs_compiled"] + total["eager_programs"] == 0 and total["programs_loaded"] == 12
+    assert steady["graph_calls"] == 13 and steady["eager_ops"] == 0

@@ -111,3 +111,21 @@ def test_plain_encode_on_the_tpu_is_bucketed_without_asking(simulated_tpu, patch
     expected = _encode(cpu, texts)
     assert float((torch.cat([got, more]) - expected).abs().max()) <= 1e-5
     assert not torch.allclose(expected[0], expected[1], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_plain_encode_runs_one_graph_per_batch_after_its_warmup(simulated_tpu, patched_encode_without_inference_mode, encoder_dir):
+    texts = random_texts(200, seed=7, longest=30)
+    cpu = _model(encoder_dir, "mean", "cpu")
+    model = _model(encoder_dir, "mean", "tpu")
+    ext.warmup(model, work="infer", max_length=48, max_batch_size=4)  # encode()'s batch_size below
+    got = _encode(model, texts[:100])
+    before = simulated_tpu.counters()
+    with steady("the second 100 texts of encode()"):
+        more = _encode(model, texts[100:])
+    delta = simulated_tpu.counters() - before
+    batches = 100 // 4
+    assert delta.programs == 0 and delta.graph_calls == batches and delta.eager_ops <= 5 * batches, delta
+    calls = bucketed(model)
+    assert calls.compiled > 0 and not calls.eager_reasons, calls.eager_reasons
+    assert float((torch.cat([got, more]) - _encode(cpu, texts)).abs().max()) <= 1e-5

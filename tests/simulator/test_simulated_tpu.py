@@ -277,11 +277,29 @@ def test_eager_programs_count_distinct_op_shape_signatures(sim):
     assert sim.counters().eager_programs == 1  # reset also forgets the programs seen
 
 
+def test_eager_ops_count_every_run_and_graph_calls_every_compiled_run(sim):
+    import torch
+
+    x = torch.ones(3, device="tpu")
+    before = sim.counters()
+    for _ in range(3):
+        x + x
+    delta = sim.counters() - before
+    assert (delta.eager_programs, delta.eager_ops, delta.graph_calls) == (1, 3, 0)
+    compiled = torch.compile(lambda t: (t * 2 + 1).sum(), backend="tpu", dynamic=False)
+    before = sim.counters()
+    for _ in range(3):
+        compiled(x)
+    delta = sim.counters() - before
+    assert (delta.graphs_compiled, delta.graph_calls, delta.eager_ops) == (1, 3, 0)
+
+
 def test_counters_are_frozen_snapshots_with_delta_and_asdict():
     a = Counters(graphs_compiled=2, eager_programs=10, h2d_bytes=100, d2h_bytes=4)
     b = Counters(graphs_compiled=1, eager_programs=3, h2d_bytes=40, d2h_bytes=4)
     assert a - b == Counters(1, 7, 60, 0)
-    assert (a - b).asdict() == {"graphs_compiled": 1, "eager_programs": 7, "h2d_bytes": 60, "d2h_bytes": 0, "programs_loaded": 0}
+    assert (a - b).asdict() == {"graphs_compiled": 1, "eager_programs": 7, "h2d_bytes": 60, "d2h_bytes": 0, "programs_loaded": 0,
+                                "graph_calls": 0, "eager_ops": 0}
     assert a.programs == 12
     with pytest.raises(Exception):
         a.graphs_compiled = 3  # type: ignore[misc]

@@ -7,6 +7,9 @@ next with the same cache directory loads them instead of compiling. The works:
 - generate (``--max-prompt-length`` and ``--max-new-tokens``; ``--max-batch-size`` or ``--batch-sizes``;
   ``--do-sample``): ``warmup(model, ...)``'s buckets;
 - ``--serve``: every continuous-batching step shape (serving settings from ``TRANSFORMERS_TPU_EXT_SERVE_*``);
+- ``--infer MAX_LENGTH`` (``--task``, ``--max-batch-size`` or ``--batch-sizes``): every padded forward's
+  bucket of the pipeline ``--task`` (``pipeline(TASK, model=MODEL, device="tpu")``, default
+  ``feature-extraction``) up to ``MAX_LENGTH`` tokens: ``warmup(pipe, work="infer", ...)``;
 - ``--train MAX_LENGTH``: one training step per sequence bucket up to ``MAX_LENGTH`` with a plain
   ``Trainer`` (causal-LM batches of ``input_ids``, ``attention_mask`` and ``labels``; AdamW;
   ``--train-batch-size`` per device; ``--bf16``). Another training set-up: call
@@ -33,6 +36,8 @@ from .args import DTYPES, CommandError, Parser, check_settings, dtype, int_list,
 from .models import resolve_model
 
 PROG = "transformers-tpu warmup"
+#: The pipeline tasks ``--infer`` warms up (the text tasks ``inference.policy.PIPELINES`` pads).
+INFER_TASKS = ("feature-extraction", "text-classification", "token-classification", "fill-mask")
 
 
 class WarmupError(CommandError):
@@ -53,10 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-prompt-length", type=positive_int, help="longest prompt, in tokens")
     generate.add_argument("--max-new-tokens", type=positive_int, help="largest max_new_tokens")
     sizes = generate.add_mutually_exclusive_group()
-    sizes.add_argument("--max-batch-size", type=positive_int, help="largest batch (every batch bucket up to it; default 1)")
+    sizes.add_argument("--max-batch-size", type=positive_int,
+                       help="largest batch (every batch bucket up to it; default 1, --infer: 8)")
     sizes.add_argument("--batch-sizes", type=_sizes, help="exactly these batch sizes, e.g. 1,4,8 (a sampling service)")
     generate.add_argument("--do-sample", action="store_true", help="the service samples (its choice graph is per batch size)")
     parser.add_argument("--serve", action="store_true", help="every continuous-batching step shape")
+    infer = parser.add_argument_group("batch inference")
+    infer.add_argument("--infer", type=positive_int, metavar="MAX_LENGTH",
+                       help="every padded forward's bucket up to MAX_LENGTH tokens (pipelines, encode(), lm-eval)")
+    infer.add_argument("--task", help=f"the pipeline --infer warms up: {', '.join(INFER_TASKS)} (default feature-extraction)")
     train = parser.add_argument_group("training")
     train.add_argument("--train", type=positive_int, metavar="MAX_LENGTH", help="training steps of every bucket up to MAX_LENGTH tokens")
     train.add_argument("--train-batch-size", type=positive_int, help="per-device batch size (default 8)")
@@ -71,9 +81,19 @@ def check(args: argparse.Namespace) -> None:
     generate = args.max_prompt_length is not None or args.max_new_tokens is not None
     if generate and (args.max_prompt_length is None or args.max_new_tokens is None):
         raise WarmupError("generate() needs both --max-prompt-length and --max-new-tokens")
-    if not (generate or args.serve or args.train is not None):
-        raise WarmupError("choose the work: --max-prompt-length and --max-new-tokens (generate), --serve, --train MAX_LENGTH")
-    if not generate:
+    infer = args.infer is not None
+    if not (generate or args.serve or args.train is not None or infer):
+        raise WarmupError("choose the work: --max-prompt-length and --max-new-tokens (generate), --serve, --train MAX_LENGTH, "
+                          "--infer MAX_LENGTH")
+    if args.task is not None and not infer:
+        raise WarmupError("--task applies to --infer MAX_LENGTH: add it, or drop --task")
+    if infer and args.task is None:
+        args.task = "feature-extraction"
+    if infer and args.task not in INFER_TASKS:
+        raise WarmupError(f"--task {args.task!r} is not a pipeline --infer warms up: choose from {', '.join(INFER_TASKS)}")
+    if infer and (generate or args.serve or args.train is not None):
+        raise WarmupError("--infer loads the model for its pipeline task: warm it up in a command of its own")
+    if not generate and not infer:
         given = [option for option, value in (("--max-batch-size", args.max_batch_size), ("--batch-sizes", args.batch_sizes))
                  if value is not None]
         if given:
@@ -85,7 +105,7 @@ def check(args: argparse.Namespace) -> None:
         if given:
             raise WarmupError(f"{given[0]} applies to --train MAX_LENGTH: add it, or drop {given[0]}")
     if args.max_batch_size is None:
-        args.max_batch_size = 1
+        args.max_batch_size = 8 if infer else 1
     if args.train_batch_size is None:
         args.train_batch_size = 8
     check_settings()
@@ -126,9 +146,21 @@ def _load(args: argparse.Namespace) -> Any:
             "TRANSFORMERS_TPU_EXT_SIMULATE=1 tries it on the simulated TPU)",
             exit_code=1,
         )
+    if args.infer is not None:
+        from transformers import pipeline
+
+        return pipeline(args.task, model=args.model, dtype=args.dtype, device=backend.DEVICE_TYPE)
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype, device_map="auto")
+
+
+def _infer(pipe: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from transformers_tpu_ext.inference.warm_up import warmup_infer
+
+    buckets = warmup_infer(pipe, max_length=args.infer, max_batch_size=args.max_batch_size if args.batch_sizes is None else 1,
+                           batch_sizes=args.batch_sizes)
+    return {"task": args.task, "buckets": [list(bucket) for bucket in buckets]}
 
 
 def _generate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -217,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"model": args.model, "cache": cache["root"], "works": {}}
     before = _counts()
     start = time.perf_counter()
+    if args.infer is not None:
+        result["works"]["infer"] = _infer(model, args)
     if args.max_prompt_length is not None:
         result["works"]["generate"] = _generate(model, args)
     if args.train is not None:
@@ -238,6 +272,8 @@ def _summary(result: dict[str, Any]) -> str:
         parts.append(f"generate: {len(works['generate']['buckets'])} buckets")
     if "serve" in works:
         parts.append(f"serve: {len(works['serve']['shapes'])} step shapes")
+    if "infer" in works:
+        parts.append(f"infer ({works['infer']['task']}): {len(works['infer']['buckets'])} buckets")
     if "train" in works:
         parts.append(f"train: {len(works['train']['lengths'])} sequence buckets")
     programs = result["programs"]

@@ -9,7 +9,7 @@ that compiles a new program is reported: ``warn`` logs a warning, ``error`` rais
 ``RecompileError``, ``ignore`` does nothing. Calls inside a warm-up are never reported.
 
 Each message says what compiled, the call's shape, and the setting that would have covered it
-(:func:`generate_advice`, :func:`serve_advice`, :func:`train_advice`).
+(:func:`generate_advice`, :func:`serve_advice`, :func:`train_advice`, :func:`infer_advice`).
 
 Settings: ``TRANSFORMERS_TPU_EXT_COMPILE_ON_RECOMPILE`` (``warn``, the default; ``error``; ``ignore``) and
 ``TRANSFORMERS_TPU_EXT_COMPILE_RECOMPILE_SETTLE`` (20 calls), or :func:`configure`. No torch here.
@@ -36,6 +36,7 @@ __all__ = [
     "configure",
     "current",
     "generate_advice",
+    "infer_advice",
     "message",
     "observe",
     "reset",
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 ACTIONS = ("warn", "error", "ignore")
-WORKS = ("generate", "serve", "train")
+WORKS = ("generate", "serve", "train", "infer")
 #: Field -> variable (declared in ``compilation.settings``).
 ENV: dict[str, str] = {s.field: s.name for s in SETTINGS if s.field}
 #: How many recompiles of one work are logged in warn mode before the guard only counts them.
@@ -162,7 +163,8 @@ def programs_text(new_programs: int, graphs: int | None) -> str:
 def message(work: str, what: str, call: str, advice: str, steady: str | None, action: str) -> str:
     """The whole report: ``<work> compiled <what> in steady state (...): <call>. <advice>``."""
     since = "after its warm-up" if steady == "warmup" else "in steady state (after calls that compiled nothing)"
-    verb = {"generate": "generate()", "serve": "a continuous-batching step", "train": "a training step"}[work]
+    verb = {"generate": "generate()", "serve": "a continuous-batching step", "train": "a training step",
+            "infer": "a padded inference forward"}[work]
     follow = (
         f"{ENV['on_recompile']}=ignore silences this"
         if action == "warn"
@@ -262,4 +264,21 @@ def train_advice(rows: int, length: int | None, warmed: Sequence[int], ladder_to
     return (
         f"training.warmup(trainer, max_length={top}) (or warmup(trainer, work=\"train\", max_length={top})) before "
         f"train() compiles the {length}-token bucket; TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS sets the buckets"
+    )
+
+
+def infer_advice(rows: int, length: int, covered: Mapping[str, Any]) -> str:
+    """Which warm-up covers a padded inference forward of ``rows`` x ``length`` (the padded shape)."""
+    top_rows = int(covered.get("max_batch_size") or 0)
+    top_length = int(covered.get("max_length") or 0)
+    if covered and rows <= top_rows and length <= top_length:
+        return (
+            f"The call ({rows} x {length}, padded) is within the warm-up (batches up to {top_rows}, {top_length} tokens), "
+            "so something else made a new program: other options than the warm-up's (output_hidden_states), another "
+            "model, or operations on the outputs on the TPU at their cut-back shapes (move them to the host first)"
+        )
+    rows, length = max(rows, top_rows), max(length, top_length)
+    return (
+        f"warmup(model_or_pipeline, work=\"infer\", max_batch_size={rows}, max_length={length}) at start-up, or "
+        f"`transformers-tpu warmup MODEL --infer {length} --max-batch-size {rows}` ahead of time, compiles every bucket"
     )

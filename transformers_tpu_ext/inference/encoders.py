@@ -47,6 +47,9 @@ class SentenceTransformerCalls(Bucketed):
         self.refusal = facts if isinstance(facts, str) else None
         self.facts = facts if not isinstance(facts, str) else policy.ModelFacts()
 
+    def wrapper_name(self) -> str | None:
+        return None  # the SentenceTransformer's own forward (modules, pooling) is what compiles
+
     def _before(self, module: Any, args: tuple, kwargs: dict) -> Any:
         if len(args) != 1 or not isinstance(args[0], Mapping) or self.refusal:
             reason = self.refusal or "a SentenceTransformer called without one feature dict"

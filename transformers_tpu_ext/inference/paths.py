@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..training.paths import render_blocks, update_page
+from .compile_policy import CompileFacts, compile_path
 from .media import MediaFacts, plan_media_call
 from .policy import PATIENCE, CallPlan, ModelFacts, plan_call
 
-__all__ = ["CASES", "MEDIA_CASES", "CallCase", "call_table", "media_table", "render", "update"]
+__all__ = ["CASES", "COMPILE_CASES", "MEDIA_CASES", "CallCase", "call_table", "compile_table", "media_table", "render",
+           "update"]
 
 _BERT = ModelFacts(task="sequence_classification", pooling="first", pad_token_id=0, max_positions=512)
 _DECODER = ModelFacts(task="sequence_classification", causal=True, pooling="last_non_pad", pad_token_id=0,
@@ -149,7 +151,45 @@ def media_table(cases: Sequence[CallCase] = MEDIA_CASES) -> str:
     return "\n".join(lines)
 
 
-_TABLES = {"inference-calls": call_table, "media-calls": media_table}
+@dataclass(frozen=True)
+class CompileCase:
+    """A padded call and what :func:`.compile_policy.compile_path` reads off it."""
+
+    what: str
+    facts: CompileFacts
+
+
+#: Padded calls and whether their forward runs as one compiled program (``compile_policy.compile_path``).
+COMPILE_CASES: tuple[CompileCase, ...] = (
+    CompileCase("a padded call of a pipeline, `bucketed(model)` under `torch.no_grad()`, `encode()`, lm-eval", CompileFacts()),
+    CompileCase("the same with `output_hidden_states=True`", CompileFacts(options=frozenset({"output_hidden_states"}))),
+    CompileCase("a call the predicate above does not pad (a new shape each time)", CompileFacts(padded=False)),
+    CompileCase("`bucketed(model, compile=False)`", CompileFacts(enabled=False)),
+    CompileCase('inside `torch.compiler.set_stance("force_eager")`', CompileFacts(eager_stance=True)),
+    CompileCase("inside your own `torch.compile`'d function", CompileFacts(compiling=True)),
+    CompileCase("a PEFT, DDP or `torch.compile` wrapper around the model", CompileFacts(wrapper="PeftModel")),
+    CompileCase("a model offloaded by Accelerate (its forward replaced by hooks)", CompileFacts(forward_replaced=True)),
+    CompileCase("a forward hook of yours on the model or a layer", CompileFacts(hooks=1)),
+    CompileCase("`bucketed(model)` without `torch.no_grad()`, parameters requiring grad", CompileFacts(grad=True)),
+    CompileCase("another option (`labels`, `head_mask`...) as a Python value", CompileFacts(options=frozenset({"head_mask"}))),
+    CompileCase("a forward that breaks the graph (data-dependent Python control flow)",
+                CompileFacts(graph_break="Unsupported: generic_jump: data-dependent branching")),
+)
+
+
+def compile_table(cases: Sequence[CompileCase] = COMPILE_CASES) -> str:
+    """The markdown table of which padded calls run compiled (``compile_policy.compile_path``)."""
+    lines = ["| padded call | forward | why |", "|---|---|---|"]
+    for case in cases:
+        reason = compile_path(case.facts)
+        if reason is None:
+            lines.append(f"| {case.what} | one compiled program per bucket | the model's own forward, no grad |")
+        else:
+            lines.append(f"| {case.what} | op by op (padded all the same) | {reason} |")
+    return "\n".join(lines)
+
+
+_TABLES = {"inference-calls": call_table, "media-calls": media_table, "compiled-calls": compile_table}
 
 
 def render(text: str) -> str:

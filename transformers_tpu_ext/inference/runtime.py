@@ -7,6 +7,8 @@ the predicate accepts has its per-token inputs padded on the right (on the host,
 model's device: padding on the device would compile a program per unpadded shape) and its rows
 completed with copies of the first row; its outputs are then cut back (views, no program) to the
 caller's rows and, for per-position fields, to the caller's length. Other calls run as they are.
+A padded call's forward runs as one compiled program per bucket where :func:`.compile_policy.compile_path`
+allows (:mod:`.compiled`), else eagerly; each padded call runs under the recompile guard (work ``"infer"``).
 
 Importing this module imports nothing heavy; torch is imported when a call is padded.
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 from .. import backend
 from ..training.facts import unwrap
-from . import policy
+from . import compile_policy, compiled, policy
 from .facts import model_facts
 
 __all__ = ["Bucketed", "bucketed", "for_model"]
@@ -50,6 +52,11 @@ def _kind(tensor: Any) -> str:
 class Bucketed:
     """Pads and cuts back the calls of one model (see :func:`bucketed`).
 
+    ``compiled`` counts the padded calls that ran compiled, ``eager_reasons`` why the others ran op by op,
+    ``graph_breaks`` the options whose compile failed (never retried). With ``drop_cache`` (a library caller:
+    pipelines, lm-eval, which read the outputs on the host) outputs go to the host whole and are cut back
+    there (a cut on the TPU would be a program per shape); otherwise they are cut back as views on the device.
+
     ``used`` holds the padded lengths already run (a rare short batch reuses a longer one instead of
     compiling its own, :func:`~transformers_tpu_ext.training.buckets.choose_length`, and a batch
     shorter than a length run reuses it ``patience`` times before its own compiles: ``deferred``
@@ -63,7 +70,8 @@ class Bucketed:
     mask_dtype = "long"  # of a mask added where a batch has none (a torch dtype's name)
 
     def __init__(self, model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE,
-                 drop_cache: bool = False, on_tpu_only: bool = True, positional_ids: bool = False) -> None:
+                 drop_cache: bool = False, on_tpu_only: bool = True, positional_ids: bool = False,
+                 compile: bool = True) -> None:
         self._model = weakref.ref(model)  # weak: the registry of for_model() must not keep models alive
         self.module = unwrap(model)
         self.facts = model_facts(model)
@@ -78,6 +86,13 @@ class Bucketed:
         self.used_rows: set[int] = set()
         self.reasons: dict[str, int] = {}
         self.padded = 0
+        self.compile = compile
+        self.host_cut = drop_cache  # a library caller (pipelines, lm-eval) reads the outputs on the host
+        self.compiled = 0
+        self.shapes: dict[tuple[int, int], int] = {}  # padded (rows, length) -> calls run at it
+        self.eager_reasons: dict[str, int] = {}
+        self.graph_breaks: dict[Any, str] = {}
+        self._replaced = False  # the model's forward was an attribute of the instance already (not compiled)
         self._local = threading.local()
         self._depth = 0
         self._handles: list[Any] = []
@@ -103,12 +118,28 @@ class Bucketed:
         with self._lock:
             self._depth += 1
             if self._depth == 1:
-                target = self.model if hasattr(self.model, "register_forward_pre_hook") else self.module
+                target = self._target()
                 self._handles = [
                     target.register_forward_pre_hook(self._before, with_kwargs=True),
                     target.register_forward_hook(self._after, with_kwargs=True, always_call=True),
                 ]
+                self._replaced = not compiled.install(self, target)
         return self
+
+    def _target(self) -> Any:
+        return self.model if hasattr(self.model, "register_forward_pre_hook") else self.module
+
+    def wrapper_name(self) -> str | None:
+        """The class name of the wrapper the hooks are on (PEFT, DDP, torch.compile), ``None`` for the model itself."""
+        target = self._target()
+        return None if target is self.module else type(target).__name__
+
+    def current_plan(self) -> policy.CallPlan | None:
+        """The plan of this thread's call being run, when the block padded it."""
+        if not getattr(self._local, "active", 0):
+            return None
+        stack = self._stack()
+        return stack[-1] if stack and not isinstance(stack[-1], str) else None
 
     def __exit__(self, *exc: Any) -> None:
         self._local.active = max(0, getattr(self._local, "active", 0) - 1)
@@ -118,6 +149,7 @@ class Bucketed:
                 for handle in self._handles:
                     handle.remove()
                 self._handles = []
+                compiled.uninstall(self._target())
 
     @contextlib.contextmanager
     def sent(self, inputs: Any) -> Iterator[Any]:
@@ -186,6 +218,10 @@ class Bucketed:
             self.deferred[plan.deferred] = self.deferred.get(plan.deferred, 0) + 1
         self.used.add(plan.length)
         self.used_rows.add(plan.rows)
+        self.shapes[(plan.rows, plan.length)] = self.shapes.get((plan.rows, plan.length), 0) + 1
+        if self._replaced:
+            reason = compile_policy.compile_path(compile_policy.CompileFacts(forward_replaced=True))
+            self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
         return args, padded
 
     def _plan(self, args: tuple, kwargs: dict) -> policy.CallPlan | str:
@@ -246,19 +282,23 @@ class Bucketed:
         for key in list(output.keys()):
             value = output[key]
             if key in per_position:
-                output[key] = _cut(value, plan, positions=True)
+                output[key] = _cut(value, plan, positions=True, host=self.host_cut)
             elif key in ("cache", "past_key_values") and plan.no_cache:
                 continue
             else:
-                output[key] = _cut(value, plan, positions=False)
+                output[key] = _cut(value, plan, positions=False, host=self.host_cut)
         return output
 
 
-def _cut(value: Any, plan: policy.CallPlan, positions: bool) -> Any:
+def _cut(value: Any, plan: policy.CallPlan, positions: bool, host: bool = False) -> Any:
+    """``value`` cut back to the caller's rows (and length, for per-position fields): views, on the host
+    (the whole padded tensor copied there first) when ``host``."""
     if isinstance(value, tuple):
-        return tuple(_cut(v, plan, positions) for v in value)
+        return tuple(_cut(v, plan, positions, host) for v in value)
     if not hasattr(value, "shape") or value.dim() == 0 or value.shape[0] != plan.rows:
         return value
+    if host and value.device.type != "cpu":
+        value = value.to("cpu")
     value = value[: plan.original_rows]
     if positions and value.dim() >= 2:
         value = value[:, : plan.original_length]
@@ -278,7 +318,8 @@ def for_model(model: Any, **options: Any) -> Bucketed:
     return found
 
 
-def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE) -> Bucketed:
+def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, patience: int = policy.PATIENCE,
+             compile: bool = True) -> Bucketed:
     """Run ``model(**batch)`` calls at a few static shapes on TPU, with the unpadded results::
 
         with bucketed(model):
@@ -289,9 +330,11 @@ def bucketed(model: Any, *, ladder: tuple[int, ...] = (), reuse: float = 1.5, pa
     on the right to a rung of ``ladder`` (default: the training sequence ladder, 16, 32, 48, 64, 96...)
     and to a power-of-two number of rows, and its outputs are cut back; other calls run as they are
     (the reason logged once). A batch shorter than a length already run pads to it (``patience``
-    times per rung, then its own rung compiles). Outputs of a padded call are on the model's device. On a machine
+    times per rung, then its own rung compiles). A padded call's forward runs as one compiled program per
+    bucket (``compile=False``: op by op; :mod:`.compile_policy` says which calls cannot be compiled).
+    Outputs of a padded call are on the model's device. On a machine
     without a TPU (or a model not on it) every call runs as it is. Enter it once per model; the
     padded lengths used are remembered across blocks (``.used``). (``transformers_tpu_ext.inference.bucketed``
     also takes a sentence-transformers ``SentenceTransformer``: :mod:`.encoders`.)
     """
-    return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse, patience=patience)
+    return for_model(model, ladder=tuple(ladder) or policy.sequence_ladder(), reuse=reuse, patience=patience, compile=compile)

@@ -61,16 +61,18 @@ class ChipSpec:
     hbm_bytes: int  # per device (one process)
     bandwidth: float  # HBM bytes per second per device
     source: str
+    bf16_flops: float = 0.0  # peak bf16 FLOP/s per device (the published per-chip figure; v7: halved per device)
 
 
 #: The generations the fit report knows (the plugin's view; the backend's is ``get_device_properties``).
 CHIPS: Mapping[str, ChipSpec] = MappingProxyType(
     {
-        "v4": ChipSpec("v4", 32 * GiB, 1200e9, "cloud.google.com/tpu/docs/v4: 32 GiB, 1200 GBps"),
-        "v5e": ChipSpec("v5e", 16 * GiB, 819e9, "cloud.google.com/tpu/docs/v5e: 16 GB, 819 GBps"),
-        "v5p": ChipSpec("v5p", 95 * GiB, 2765e9, "cloud.google.com/tpu/docs/v5p: 95 GB, 2765 GBps"),
-        "v6e": ChipSpec("v6e", 32 * GiB, 1638e9, "cloud.google.com/tpu/docs/v6e: 32 GB, 1638 GBps"),
-        "v7": ChipSpec("v7", 96 * GiB, 7380e9 / 2, "cloud.google.com/tpu/docs/tpu7x: 7380 GBps per chip, 2 devices"),
+        "v4": ChipSpec("v4", 32 * GiB, 1200e9, "cloud.google.com/tpu/docs/v4: 32 GiB, 1200 GBps, 275 TFLOPs bf16", 275e12),
+        "v5e": ChipSpec("v5e", 16 * GiB, 819e9, "cloud.google.com/tpu/docs/v5e: 16 GB, 819 GBps, 197 TFLOPs bf16", 197e12),
+        "v5p": ChipSpec("v5p", 95 * GiB, 2765e9, "cloud.google.com/tpu/docs/v5p: 95 GB, 2765 GBps, 459 TFLOPs bf16", 459e12),
+        "v6e": ChipSpec("v6e", 32 * GiB, 1638e9, "cloud.google.com/tpu/docs/v6e: 32 GB, 1638 GBps, 918 TFLOPs bf16", 918e12),
+        "v7": ChipSpec("v7", 96 * GiB, 7380e9 / 2, "cloud.google.com/tpu/docs/tpu7x: 7380 GBps, 2307 TFLOPs bf16 per chip, 2 devices",
+                        2307e12 / 2),
     }
 )
 

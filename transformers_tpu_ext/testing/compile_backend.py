@@ -42,6 +42,7 @@ def tpu_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., An
         if runs[0]:
             CACHE.hits += 1  # the first run used the program just compiled (or loaded): its miss
         runs[0] += 1
+        STATE.graph_calls += 1
         STATE.in_graph += 1
         try:
             return forward(*args)

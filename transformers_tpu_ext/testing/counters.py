@@ -26,6 +26,9 @@ class Counters:
     - ``programs_loaded``: programs (graphs or eager) the process needed and loaded from torch_tpu's
       persistent compile cache instead of compiling them (``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``,
       see ``compile_cache``); they are not in ``graphs_compiled`` / ``eager_programs``.
+    - ``graph_calls``: runs of graphs the ``"tpu"`` backend compiled (each a launch of one program on a chip).
+    - ``eager_ops``: operations run eagerly on the TPU, each counted every time it runs (on a chip each is a
+      launch of its own per-shape program and a round trip through HBM); not counted inside a compiled graph.
     """
 
     graphs_compiled: int = 0
@@ -33,6 +36,8 @@ class Counters:
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     programs_loaded: int = 0
+    graph_calls: int = 0
+    eager_ops: int = 0
 
     @property
     def programs(self) -> int:

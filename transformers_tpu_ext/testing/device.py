@@ -267,6 +267,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         _mark_written(info, args, given_kwargs)
 
     if sig is not None:
+        STATE.eager_ops += 1
         key = tuple(sig)
         if key not in STATE.seen:
             if _COMPILE_CACHE.miss("eager", key):  # False: loaded from the persistent compile cache

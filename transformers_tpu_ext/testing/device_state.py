@@ -21,6 +21,8 @@ class _State:
         self.in_graph = 0  # >0 while a graph compiled by the "tpu" backend runs
         self.seen: set[Any] = set()
         self.eager_programs = 0
+        self.eager_ops = 0  # eager operations run (every counted op, compiled before or not)
+        self.graph_calls = 0  # runs of graphs compiled by the "tpu" backend
         self.h2d_bytes = 0
         self.d2h_bytes = 0
         self.generator = _generators.make_default()  # torch.tpu.default_generators[0]
@@ -29,6 +31,8 @@ class _State:
     def reset(self) -> None:
         self.seen = set()
         self.eager_programs = 0
+        self.eager_ops = 0
+        self.graph_calls = 0
         self.h2d_bytes = 0
         self.d2h_bytes = 0
 

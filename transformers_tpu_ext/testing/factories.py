@@ -28,6 +28,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs = _generators.resolve(kwargs, STATE.generator, False)
     out = op(*new_args, **kwargs)
     if info.counted and not STATE.in_graph:
+        STATE.eager_ops += 1
         key = (op, tuple(_hashable(a) for a in args))
         try:
             if key not in STATE.seen:

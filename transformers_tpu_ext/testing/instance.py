@@ -122,6 +122,8 @@ class SimulatedTPU:
             h2d_bytes=state.h2d_bytes,
             d2h_bytes=state.d2h_bytes,
             programs_loaded=CACHE.loaded,
+            graph_calls=state.graph_calls,
+            eager_ops=state.eager_ops,
         )
 
     def reset_counters(self) -> None:
