@@ -30,7 +30,7 @@ from transformers_tpu_ext.testing.tiny_media import (  # noqa: E402
     tiny_whisper,
 )
 
-from _inference import assert_same, steady  # noqa: E402
+from _inference import TOLERANCE, assert_same, steady  # noqa: E402
 
 pytestmark = pytest.mark.slow  # ~75 s of CPU in all: 200 images, 5 x 200 clips, each on the CPU and on the TPU
 
@@ -93,6 +93,13 @@ def covering(batch: int = 4) -> list:
     return clips(0, 9, [rung - 7 for rung in media.audio_ladder() if rung <= 3072 for _ in range(batch)])
 
 
+#: wav2vec2 without the feature extractor's mask, Transformers 5.25: of 600 scores (200 clips), the largest
+#: differences from the CPU's are 1.04e-5, 9.4e-6, 8.3e-6 (scores near 0.5), with the compiled forward and without
+#: it; they passed 1e-5 with 5.24. Float32 rounding through the tiny model's large activations (initializer 0.3);
+#: a sample of padding read as signal would not stay within 2e-5 on 600 scores.
+AUDIO_TOLERANCE = {("wav2vec2", False): 2e-5}
+
+
 def _audio(norm: str, mask: bool, family: str = "wav2vec2") -> tuple[list, MediaCalls]:
     first, second = covering() + clips(84, 3), clips(100, 4)
     cpu = pipeline("audio-classification", model=tiny_audio_classifier(family, norm), feature_extractor=audio_processor(mask),
@@ -107,7 +114,7 @@ def _audio(norm: str, mask: bool, family: str = "wav2vec2") -> tuple[list, Media
             got += pipe(second, batch_size=4, top_k=3)
     else:
         got += pipe(second, batch_size=4, top_k=3)
-    assert_same(got, expected)
+    assert_same(got, expected, tolerance=AUDIO_TOLERANCE.get((family, mask), TOLERANCE))
     assert len({row[0]["score"] for row in got}) > 100, "a constant classifier proves nothing"
     return got, calls
 
