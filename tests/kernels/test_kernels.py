@@ -29,6 +29,18 @@ def no_jax(monkeypatch):
     monkeypatch.setattr(hub_kernels, "jax_installed", lambda: False)
 
 
+#: What Transformers' kernel mapping would look like once it names a TPU kernel (5.25's names none).
+TPU_MAPPING = {"LlamaRMSNorm": {"tpu": "kernels-community/a-tpu-kernel"}}
+
+
+@pytest.fixture
+def tpu_kernel_mapped(monkeypatch):
+    import transformers.integrations.hub_kernels as upstream
+
+    monkeypatch.setattr(upstream, "get_kernel_mapping_transformers", lambda: TPU_MAPPING, raising=False)
+    assert hub_kernels.tpu_kernels_mapped(None)
+
+
 @pytest.fixture
 def tpu_model(simulated_tpu):
     from transformers_tpu_ext.testing.tiny import tiny_model
@@ -36,7 +48,7 @@ def tpu_model(simulated_tpu):
     return tiny_model("llama", vocab_size=128).to("tpu")
 
 
-def test_use_kernels_on_tpu_without_jax_names_the_install_command(tpu_model, no_jax):
+def test_use_kernels_on_tpu_without_jax_names_the_install_command(tpu_model, no_jax, tpu_kernel_mapped):
     assert tpu_model.device.type == "tpu"
     with pytest.raises(ImportError, match=INSTALL) as info:
         tpu_model.set_use_kernels(True)
@@ -53,7 +65,7 @@ def test_hub_attention_kernel_on_a_tpu_host_without_jax(simulated_tpu, no_jax):
     assert "kernels-community/flash-attn2" in str(info.value)
 
 
-def test_kernelize_on_tpu_without_jax(tpu_model, no_jax):
+def test_kernelize_on_tpu_without_jax(tpu_model, no_jax, tpu_kernel_mapped):
     from transformers.integrations.hub_kernels import kernelize
 
     with pytest.raises(ImportError, match=INSTALL):
@@ -70,6 +82,8 @@ from transformers_tpu_ext import testing
 from transformers_tpu_ext.kernels import patch_hub_kernels as hub_kernels
 from transformers_tpu_ext.testing.tiny import tiny_model
 hub_kernels.jax_installed = lambda: False
+import transformers.integrations.hub_kernels as upstream
+upstream.get_kernel_mapping_transformers = lambda: {"LlamaRMSNorm": {"tpu": "kernels-community/a-tpu-kernel"}}
 testing.install()
 model = tiny_model("llama", vocab_size=128).to("tpu")
 try:
@@ -159,7 +173,7 @@ def test_a_model_kernelized_by_default_on_the_cpu_gets_its_torch_forwards_on_the
 
 @needs_default_kernels
 @pytest.mark.parametrize("asked", ["use_kernels", "kernel_config"])
-def test_an_explicit_request_on_tpu_keeps_its_clear_error(simulated_tpu, checkpoint, no_jax, asked):
+def test_an_explicit_request_on_tpu_keeps_its_clear_error(simulated_tpu, checkpoint, no_jax, asked, tpu_kernel_mapped):
     from kernels import Mode
     from transformers import AutoModelForCausalLM, KernelConfig
 
@@ -199,3 +213,17 @@ def test_with_the_patch_disabled_the_default_is_upstreams(simulated_tpu, checkpo
         monkeypatch.delenv("TRANSFORMERS_TPU_EXT_DISABLE")
         ext.deactivate()
         ext.activate()
+
+
+@needs_default_kernels
+def test_a_request_with_no_tpu_kernel_mapped_is_transformers_call(simulated_tpu, checkpoint, no_jax):
+    """Transformers 5.25's mapping names no TPU kernel: ``use_kernels=True`` on a TPU loads nothing and keeps the
+    torch forwards (kernels' fallback), with or without jax, as with the plugin disabled (its own tests
+    ``test_kernels_can_*`` pass on the simulated TPU either way)."""
+    from transformers import AutoModelForCausalLM
+
+    assert not hub_kernels.tpu_kernels_mapped(None)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="auto", use_kernels=True)
+    assert model.device.type == "tpu" and model.use_kernels is True and _class_forwards(model)
+    model.train()
+    assert model.use_kernels is True

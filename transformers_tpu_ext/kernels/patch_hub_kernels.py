@@ -89,6 +89,21 @@ def require_jax(what: str) -> None:
         raise user_error(ImportError(f"{what}: {MESSAGE}", name="jax"))
 
 
+def tpu_kernels_mapped(kernel_config: Any) -> bool:
+    """Whether a call with ``kernel_config`` (``None``: Transformers' own mapping) would load a TPU kernel: a
+    ``kernel_config``'s mapping is made for the model's device; Transformers' mapping names one when one of its
+    layers has a ``tpu`` entry. A mapping that cannot be read counts as none (the call is then upstream's)."""
+    if kernel_config is not None:
+        return bool(getattr(kernel_config, "kernel_mapping", True))
+    try:
+        from transformers.integrations import hub_kernels
+
+        mapping = hub_kernels.get_kernel_mapping_transformers()
+    except Exception:  # noqa: BLE001 - another release's layout: not recognised
+        return False
+    return any("tpu" in {str(getattr(d, "type", d)) for d in devices} for devices in mapping.values())
+
+
 def _is_reset(kernel_config: Any) -> bool:
     """``reset_kernels()``'s call: an empty mapping that inherits nothing loads no kernel."""
     return kernel_config is not None and not getattr(kernel_config, "kernel_mapping", True) and not getattr(
@@ -108,6 +123,7 @@ def _kernelize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         requested=True,
         enable=not _is_reset(kernel_config),
         jax=jax_installed(),
+        tpu_kernels=tpu_kernels_mapped(kernel_config if kernel_config is not None else getattr(model, "kernel_config", None)),
     )
     if plan.path == policy.REFUSE:
         require_jax(f"kernelize() on {model.device}")

@@ -51,7 +51,10 @@ def _from_pretrained(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     requested = kwargs.get("use_kernels") is True or any(kwargs.get(name) is not None for name in _REQUESTS)
     if requested and _targets_tpu(kwargs.get("device_map")):
         # Refused before anything is read or fetched (a kernel_config registers its kernels before the weights).
-        plan = policy.kernels_path(on_tpu=True, requested=True, enable=True, jax=hub_kernels.jax_installed())
+        plan = policy.kernels_path(
+            on_tpu=True, requested=True, enable=True, jax=hub_kernels.jax_installed(),
+            tpu_kernels=hub_kernels.tpu_kernels_mapped(kwargs.get("kernel_config")),
+        )
         if plan.path == policy.REFUSE:
             hub_kernels.require_jax(f"use_kernels=True with device_map={kwargs.get('device_map')!r} on a TPU host")
     with _as_default(not requested):
@@ -91,11 +94,13 @@ def _set_use_kernels(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     elif use_kernels:
         instance.__dict__.pop(_DEFAULT_MARK, None)
     device_map = args[3] if len(args) > 3 else kwargs.get("device_map")
+    kernel_config = args[1] if len(args) > 1 else kwargs.get("kernel_config")
     plan = policy.kernels_path(
         on_tpu=_on_tpu(instance, device_map),
         requested=not default,
         enable=bool(use_kernels),
         jax=hub_kernels.jax_installed(),
+        tpu_kernels=hub_kernels.tpu_kernels_mapped(kernel_config if kernel_config is not None else getattr(instance, "kernel_config", None)),
     )
     if plan.path == policy.REFUSE:
         hub_kernels.require_jax(f"use_kernels=True on {instance.device}")

@@ -14,8 +14,11 @@ So, on a TPU:
   the plugin compiles and buckets. A model kernelized by default on the CPU and moved to the TPU gets its
   torch forwards back at its next ``train()``/``eval()``.
 - **requested** (``use_kernels=True``, ``kernel_config=...``, ``kernels_mode=...``, ``model.use_kernels =
-  True``, ``kernelize(model)``, a Hub ``attn_implementation``): Transformers' own call when ``jax`` is
-  installed, else an ``ImportError`` naming the install command, before anything is loaded from the Hub.
+  True``, ``kernelize(model)``, a Hub ``attn_implementation``): where a TPU kernel would be loaded (a
+  ``kernel_config``'s mapping is made for the model's device; Transformers' own mapping when it names a ``tpu``
+  kernel) and ``jax`` is missing, an ``ImportError`` naming the install command, before anything is loaded
+  from the Hub; otherwise Transformers' own call (with no TPU kernel mapped, ``kernels`` keeps the torch
+  forwards, as it does on any device without a kernel).
 
 Everywhere else (no TPU) the call is Transformers', untouched.
 """
@@ -40,12 +43,13 @@ class KernelsPlan:
     reason: str
 
 
-def kernels_path(*, on_tpu: bool, requested: bool, enable: bool, jax: bool) -> KernelsPlan:
+def kernels_path(*, on_tpu: bool, requested: bool, enable: bool, jax: bool, tpu_kernels: bool = True) -> KernelsPlan:
     """The path of one ``set_use_kernels``/``kernelize`` call.
 
     ``on_tpu``: the model (or its device map) is on a TPU; ``requested``: the user asked for Hub kernels
     (not Transformers' default); ``enable``: the call turns kernels on (``False``: a reset, which loads
-    nothing); ``jax``: jax can be imported.
+    nothing); ``jax``: jax can be imported; ``tpu_kernels``: the mapping the call uses names a TPU kernel (a
+    ``kernel_config``'s always does: it is made for the model's device).
     """
     if not on_tpu:
         return KernelsPlan(UPSTREAM, "not on a TPU")
@@ -57,6 +61,8 @@ def kernels_path(*, on_tpu: bool, requested: bool, enable: bool, jax: bool) -> K
             "Transformers' default Hub kernels stay off on TPU (its kernel mapping has no TPU kernel; "
             "use_kernels=True asks for them)",
         )
+    if not tpu_kernels:
+        return KernelsPlan(UPSTREAM, "no TPU kernel is mapped: kernels keeps the torch forwards, as on any device without one")
     if not jax:
         return KernelsPlan(REFUSE, "Hub kernels on TPU wrap JAX/Pallas code and jax is not installed")
     return KernelsPlan(UPSTREAM, "requested, with jax installed")
@@ -66,14 +72,16 @@ def kernels_path(*, on_tpu: bool, requested: bool, enable: bool, jax: bool) -> K
 BEGIN = "<!-- generated: transformers_tpu_ext.kernels.policy.path_table() -->"
 END = "<!-- end of generated Hub kernels table -->"
 
-_EXAMPLES: tuple[tuple[str, bool, bool, bool, bool], ...] = (
-    ("`from_pretrained(...)` (Transformers 5.25 turns kernels on by default), then `model.train()`", True, False, True, False),
-    ("the same with jax installed", True, False, True, True),
-    ("`from_pretrained(..., use_kernels=True)`, `kernel_config=...`, `model.use_kernels = True`, `kernelize(model)`",
-     True, True, True, False),
-    ("the same with jax installed", True, True, True, True),
-    ("`model.use_kernels = False`, `reset_kernels()`", True, True, False, False),
-    ("any call on a model that is not on a TPU", False, True, True, False),
+_EXAMPLES: tuple[tuple[str, bool, bool, bool, bool, bool], ...] = (
+    ("`from_pretrained(...)` (Transformers 5.25 turns kernels on by default), then `model.train()`", True, False, True, False, True),
+    ("the same with jax installed", True, False, True, True, True),
+    ("`from_pretrained(..., kernel_config=...)`, `kernelize(model, kernel_config=...)`", True, True, True, False, True),
+    ("`use_kernels=True`, `model.use_kernels = True`, `kernelize(model)` with Transformers' mapping, which names a TPU kernel",
+     True, True, True, False, True),
+    ("the same with jax installed", True, True, True, True, True),
+    ("the same with Transformers' mapping of 5.25 (no TPU kernel)", True, True, True, False, False),
+    ("`model.use_kernels = False`, `reset_kernels()`", True, True, False, False, True),
+    ("any call on a model that is not on a TPU", False, True, True, False, True),
 )
 
 
@@ -81,7 +89,7 @@ def path_table() -> str:
     """The markdown table of docs/doctor.md's "Hub kernels on TPU", computed by :func:`kernels_path`."""
     names = {UPSTREAM: "Transformers', untouched", SKIP: "no kernelization (torch forwards)", REFUSE: "`ImportError` naming the install command"}
     lines = ["| call | path | why |", "|---|---|---|"]
-    for call, on_tpu, requested, enable, jax in _EXAMPLES:
-        plan = kernels_path(on_tpu=on_tpu, requested=requested, enable=enable, jax=jax)
+    for call, on_tpu, requested, enable, jax, tpu_kernels in _EXAMPLES:
+        plan = kernels_path(on_tpu=on_tpu, requested=requested, enable=enable, jax=jax, tpu_kernels=tpu_kernels)
         lines.append(f"| {call} | {names[plan.path]} | {plan.reason} |")
     return "\n".join(lines)
