@@ -655,3 +655,14 @@ def test_accelerator_empty_cache_works_as_on_a_chip(simulated_tpu):
     torch.accelerator.empty_cache()
     clear_device_cache(garbage_collection=True)  # whichever backend module this Accelerate picks
     assert kept.cpu().tolist() == [1.0] * 4
+
+
+def test_a_tensor_made_from_tpu_scalars_reads_them_like_a_chip(sim):
+    # Qwen2-VL's get_rope_index: torch.tensor([positions.max() + 1 - n, ...], device=...). PyTorch reads each
+    # element with item() with the Python dispatcher excluded, where a Python backend's kernel is not found.
+    positions = torch.arange(5, device="tpu")
+    before = sim.counters()
+    made = torch.tensor([positions.max() + 1 - 3, positions.max() - 1], device="tpu")
+    assert made.device.type == "tpu" and made.cpu().tolist() == [2, 3]
+    assert (sim.counters() - before).d2h_bytes >= 16  # each element read on the host, as item() does on a chip
+    assert torch.tensor([1, positions[2]]).tolist() == [1, 2] and torch.as_tensor([positions[1], positions[2]]).tolist() == [1, 2]

@@ -25,6 +25,7 @@ from . import (
     random_ops,
     serialization,
     synchronize,
+    tensor_data,
 )
 from . import chips as chips_module
 from .instance import DEFAULTS, SimulatedTPU, is_installed, set_current, simulated_tpu
@@ -131,6 +132,7 @@ def _register_torch() -> None:
     quantized_ops.register()
     synchronize.register()
     foreach.register()
+    tensor_data.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
 
 
