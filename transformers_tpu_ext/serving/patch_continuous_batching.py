@@ -245,7 +245,9 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     if facts.tp.tp_size > 1:  # each rank's own heads (serving.tensor_parallel)
         local, plan.kv_head_split = tensor_parallel.local_heads(facts.tp), tensor_parallel.kv_split(facts.tp)
         plan.local_heads = local
-    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local)
+    plan.attention, plan.kernel_variant = ragged.choose(
+        init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local, page_size=plan.page_size
+    )
     resolved.tpu_plan = plan
 
 
@@ -304,8 +306,8 @@ def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     finally:
         _one_group.reset(tokens[0])
         _activations.reset(tokens[1])
-    if activations is not None:
-        _runtime().add_int8_scales(instance)
+    if activations is not None:  # int8 scales: per layer and key-value head on the kernel path, else per position
+        _runtime().add_int8_scales(instance, per_head=plan.attention == "ragged")
     requests.mark_cache(instance, plan)
     return result
 

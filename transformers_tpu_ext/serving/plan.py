@@ -109,6 +109,8 @@ class ServingPlan:
     kv_cache: str | None = None
     #: the attention of the steps (``kernel_path.attention_path``): "ragged" (the JAX kernel) or "paged"
     attention: str = "paged"
+    #: the registered kernel's variant on the kernel path (``kernel_path.KernelVariant``), else ``None``
+    kernel_variant: Any = None
     #: under tensor parallelism, what the paged cache divides the model's key-value heads by to hold one
     #: rank's (``tensor_parallel.kv_split``); ``None`` without tensor parallelism
     kv_head_split: int | None = None

@@ -118,6 +118,7 @@ def paged_cache_class() -> type:
             self.allocator = allocator
             self.page_size = allocator.tokens_per_page
             self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator) if attention == "ragged" else (None, None)
+            self.kernel_scales = getattr(allocator, "_tpu_ext_kv_head_scales", None)  # int8 kernel pages
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any = None) -> tuple[Any, Any]:
             import torch
@@ -183,12 +184,16 @@ def local_kv_heads(args: tuple, kwargs: dict, split: int) -> tuple[tuple, dict]:
     return (*args[:3], _LocalKVHeads(args[3], split), *args[4:]), kwargs
 
 
-def add_int8_scales(cache: Any) -> None:
-    """Give each allocator of an int8 paged ``cache`` its float32 scale tensor (``quantization.kv_cache``)."""
+def add_int8_scales(cache: Any, per_head: bool = False) -> None:
+    """Give each allocator of an int8 paged ``cache`` its float32 scales: per position and key-value head
+    (``quantization.kv_cache``), or, for the kernel (``per_head``), per layer and key-value head (``ragged``)."""
     from ..quantization import kv_cache
 
     for allocator in cache.cache_allocators.values():
-        allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
+        if per_head:
+            allocator._tpu_ext_kv_head_scales = ragged.head_scales(allocator)
+        else:
+            allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
 
 
 def copy_int8_scales(allocator: Any, source_block_ids: list[int], dest_block_ids: list[int]) -> None:
@@ -215,6 +220,9 @@ def warmup(runner: Any, model: Any) -> None:
             runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
             bar.step(f"compiled tokens={q} requests={s}")
     io.reset()
+    scales = getattr(io.allocator, "_tpu_ext_kv_head_scales", None)
+    if scales is not None:  # the warm-up's dummy tokens set no scale: the first real step does
+        scales.zero_()
     logger.info(
         "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
     )

@@ -188,7 +188,7 @@ def _io_fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, 
         "tpu_block_base": bases_d.view(s, width),
     }
     if kernel is not None:  # serving.ragged: the kernel's page table and ragged lengths
-        self._kwargs.update(ragged.step_kwargs(self._kwargs.pop("tpu_block_base"), *parts[7:]))
+        self._kwargs.update(ragged.step_kwargs(self.plan.kernel_variant, self._kwargs.pop("tpu_block_base"), *parts[7:]))
 
 
 def _io_get_model_kwargs(self, use_padding: bool = False) -> dict:
