@@ -130,6 +130,22 @@ def test_step_stats_measure_padding():
     assert stats.asdict()["shapes"] == [(16, 8), (32, 8)]
 
 
+@pytest.mark.parametrize(
+    "prompt, new, positions, message",
+    [
+        (0, 8, None, "empty prompt"),
+        (5, 0, None, "max_new_tokens \\(max_tokens\\) must be at least 1, got 0"),
+        (5, -3, None, "got -3"),
+        (300, 8, 300, "the model has 300 positions"),
+    ],
+)
+def test_fit_request_refuses_a_request_that_can_only_fail(prompt, new, positions, message):
+    with pytest.raises(ValueError, match=message):
+        serving.fit_request(prompt, new, 512, positions)
+    if prompt and new > 0:
+        assert serving.fit_request(positions - 1, new, 512, positions) == 8
+
+
 def test_fit_request_lowers_max_new_tokens_and_refuses_a_prompt_with_no_room():
     assert serving.fit_request(100, 20, 512) == 20
     assert serving.fit_request(500, 1024, 512) == 12

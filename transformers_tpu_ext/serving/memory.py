@@ -107,11 +107,22 @@ def step_bytes(
     return tokens * activation_bytes_per_token + gathered + scores + logits
 
 
-def fit_request(prompt_tokens: int, max_new_tokens: int | None, max_len: int) -> int:
+def fit_request(prompt_tokens: int, max_new_tokens: int | None, max_len: int, positions: int | None = None) -> int:
     """``max_new_tokens`` for a request under ``max_len``: lowered to fit (or set, when ``None``).
 
-    Raises ``ValueError`` when the prompt alone leaves no room for a token.
+    Raises ``ValueError`` (a 400 from ``transformers serve``) for a request the TPU path cannot serve:
+    no prompt token, ``max_new_tokens`` below 1, a prompt that leaves no room for a token under the
+    serving max length or the model's ``positions`` (``max_position_embeddings``).
     """
+    if prompt_tokens < 1:
+        raise ValueError("this request has an empty prompt (no token): continuous batching needs at least one prompt token")
+    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or int(max_new_tokens) < 1):
+        raise ValueError(f"max_new_tokens (max_tokens) must be at least 1, got {max_new_tokens!r}")
+    if positions and prompt_tokens >= positions:
+        raise ValueError(
+            f"this prompt has {prompt_tokens} tokens; the model has {positions} positions "
+            "(max_position_embeddings), so no token can be generated: shorten the prompt"
+        )
     room = max_len - prompt_tokens
     if room < 1:
         raise ValueError(

@@ -109,6 +109,8 @@ class ServingPlan:
     kv_cache: str | None = None
     #: the attention of the steps (``kernel_path.attention_path``): "ragged" (the JAX kernel) or "paged"
     attention: str = "paged"
+    #: the model's positions (``max_position_embeddings``): no request may reach them
+    model_positions: int | None = None
     #: the registered kernel's variant on the kernel path (``kernel_path.KernelVariant``), else ``None``
     kernel_variant: Any = None
     #: under tensor parallelism, what the paged cache divides the model's key-value heads by to hold one
@@ -201,6 +203,7 @@ def plan_for(
         headroom_bytes=int(headroom_bytes),
         warmup=settings.warmup,
         notes=notes,
+        model_positions=int(model_max_len) if model_max_len else None,
     )
 
 

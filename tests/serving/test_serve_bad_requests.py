@@ -1,0 +1,61 @@
+"""Requests that fail alone under ``transformers serve --continuous-batching`` on TPU (issue 37).
+
+One fresh interpreter serves a context-sensitive tiny Qwen3 on the simulated TPU and sends 2 x 100
+concurrent completions, 5 of each 100 bad: no prompt, an empty prompt, ``max_tokens`` 0 and -1, a prompt
+past the serving max length. Every bad one is a 400 naming the limit (refused at ``add_request``,
+``serving.wrap_requests``), every good one the CPU's greedy tokens, ``/health`` 200 throughout. Before,
+an empty prompt reached the scheduler and raised in the step's shape (``serving.shapes``), which stopped
+the generation loop: a 500 for it, then a 503 for every later request and for ``/health``, until a
+restart; ``max_tokens`` 0 or -3 were accepted with an empty completion.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from _subprocess import run_python
+
+SCRIPT = Path(__file__).with_name("serve_bad_requests_worker.py")
+
+ENV = {
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_BATCH_TOKENS": "64",
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_REQUESTS": "16",
+    "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN": "64",
+}
+
+pytestmark = pytest.mark.slow  # transformers serve end to end, 200 requests
+
+
+@pytest.fixture(scope="module")
+def served():
+    return run_python(SCRIPT, env=ENV, timeout=1200)[0]
+
+
+def test_every_good_request_gets_the_cpu_tokens(served):
+    assert served["good"]["total"] == 190
+    assert served["good"]["ok"] == 190, served["good"]["wrong"][:3]
+    assert served["after"]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("no prompt", "empty prompt"),
+        ("empty prompt", "empty prompt"),
+        ("max_tokens 0", "must be at least 1, got 0"),
+        ("max_tokens -1", "must be at least 1, got -1"),
+        ("too long", "TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN"),
+    ],
+)
+def test_every_bad_request_is_a_400_naming_the_limit(served, bad, message):
+    answers = served["bad"][bad]
+    assert len(answers) == 2
+    for status, detail in answers:
+        assert status == 400 and message in detail, detail
+
+
+def test_the_server_stays_healthy(served):
+    *statuses, count = served["health"]
+    assert statuses == [200] and count > 0
