@@ -64,6 +64,7 @@ real_jax_op = torch.tpu.pallas.jax_op
 def refusing_jax_op(*args, **kwargs):
     raise RuntimeError("forced: this torch_tpu refuses the kernel")
 torch.tpu.pallas.jax_op = refusing_jax_op
+serving.configure(max_len=128)  # the plain-PyTorch attention gathers max_len keys per token: a short max length
 said = Said()
 logging.getLogger("transformers_tpu_ext").addHandler(said)
 try:
@@ -74,6 +75,7 @@ try:
     manager.stop(block=True)
 finally:
     torch.tpu.pallas.jax_op = real_jax_op
+    serving.reset()
     logging.getLogger("transformers_tpu_ext").removeHandler(said)
 r["forced_failure"] = dict(attention=plan.attention, match=got == ref,
                            warnings=[m for m in said.messages if "ragged paged attention kernel failed" in m])
