@@ -9,7 +9,7 @@ from transformers_tpu_ext.serving import policy as serving
 from transformers_tpu_ext.testing import pallas as simulated_pallas
 from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model
 
-sim = testing.install(chips=1, hbm_bytes="1GiB")
+sim = testing.install(chips=1, hbm_bytes="2GiB")  # the step sizing counts a gather of max_len keys per token
 gc = GenerationConfig(do_sample=False, eos_token_id=1, pad_token_id=0)
 NEW = 6
 r = {}
