@@ -30,7 +30,7 @@ COMPAT_TESTS=(
     tests/core/test_activation.py tests/core/test_backend.py tests/core/test_compat.py tests/cli/test_doctor.py
     tests/core/test_faults.py tests/generation/test_generation.py tests/kernels/test_kernels.py tests/placement/test_pipeline_device.py
     tests/placement/test_placement.py tests/core/test_settings.py tests/simulator/test_simulated_tpu.py tests/simulator/test_tiny.py
-    tests/parallelism/test_tp_patch.py
+    tests/parallelism/test_tp_patch.py tests/generation/test_device_loop_release.py tests/core/test_relies.py
 )
 
 # torch above the machine's pip cap (/etc/xdg/pip: torch<=2.14.1) is pinned exactly here, so lifting

@@ -5,6 +5,7 @@ import transformers_tpu_ext as ext
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers_tpu_ext import testing
 from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model, tiny_tokenizer
+from transformers_tpu_ext.generation.call import cache_key  # "cache" (Transformers 5.24+) or "past_key_values" (5.23)
 
 sim = testing.install(chips=4)
 model = tiny_model("qwen3", seed=0)
@@ -116,7 +117,7 @@ def _():
     mask = torch.ones_like(ids); mask[1, :4] = 0
     out = fresh.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=6, do_sample=False,
                          return_dict_in_generate=True, **kw)
-    cache = out.cache
+    cache = getattr(out, cache_key())
     layer = cache.layers[0]
     return dict(type=type(cache).__name__, length=int(cache.get_seq_length()),
                 max_cache_len=getattr(layer, "max_cache_len", None), rows=int(layer.keys.shape[0]),
@@ -152,7 +153,7 @@ def _():
         model.to(device)
         out = model.generate(inputs_embeds=embeds.to(device), max_new_tokens=3, do_sample=False,
                              return_dict_in_generate=True)
-        return out.cache.layers[0].keys.cpu(), type(out.cache).__name__
+        return getattr(out, cache_key()).layers[0].keys.cpu(), type(getattr(out, cache_key())).__name__
     (a, kind_a), (b, kind_b) = cache("cpu"), cache("tpu")
     r["embeds_cache"] = dict(cpu=[list(a.shape), kind_a], tpu=[list(b.shape), kind_b],
                              close=a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5)))

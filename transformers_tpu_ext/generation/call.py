@@ -59,6 +59,15 @@ UPSTREAM = CallState(settings=settings_module.TPUGenerationConfig(), plan=policy
 SIGNATURES: dict[str, inspect.Signature] = {}
 
 
+@functools.cache
+def cache_key() -> str:
+    """The name Transformers gives the cache in ``model_kwargs``, ``prepare_inputs_for_generation`` and the
+    outputs: ``"cache"`` from 5.24, ``"past_key_values"`` in 5.23 (read off ``GenerateDecoderOnlyOutput``)."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    return "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
 def record_signature(name: str, method: Any) -> None:
     """Remember the signature of the original ``GenerationMixin`` method ``name`` (``self`` dropped)."""
     if name not in SIGNATURES:

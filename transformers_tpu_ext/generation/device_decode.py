@@ -237,6 +237,8 @@ def sample_on_device(
     import torch
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+    from .call import cache_key
+
     device = model.device
     pad_token_id = generation_config._pad_token_tensor
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
@@ -257,14 +259,15 @@ def sample_on_device(
 
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
-    cache = model_kwargs.get("cache")
+    key = cache_key()  # "cache" (Transformers 5.24+) or "past_key_values" (5.23)
+    cache = model_kwargs.get(key)
     positions = model_kwargs.get("position_ids")
     if positions is not None:
         positions = (positions[:, -1:] - 1).to(device)  # the prefill's last position; the choice adds one
     step_kwargs = {
-        key: value
-        for key, value in model_kwargs.items()
-        if key not in ("attention_mask", "position_ids", "cache", "inputs_embeds")
+        name: value
+        for name, value in model_kwargs.items()
+        if name not in ("attention_mask", "position_ids", key, "inputs_embeds")
     }
 
     chosen, positions = selector(outputs.logits[:, -1, :], positions, input_ids.shape[1] - padding.pad)
@@ -283,20 +286,20 @@ def sample_on_device(
             model_inputs = model.prepare_inputs_for_generation(
                 tokens[:, None].to(device),
                 next_sequence_length=1,
-                cache=cache,
                 attention_mask=mask,
                 position_ids=positions,
+                **{key: cache},
                 **step_kwargs,
             )
             outputs = model_forward(**model_inputs, return_dict=True)
-            cache = outputs.get("cache", cache)
+            cache = outputs.get(key, cache)
             chosen, positions = selector(outputs.logits[:, -1, :], positions, input_ids.shape[1] - padding.pad)
             del outputs
 
     if streamer is not None:
         streamer.end()
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=input_ids, cache=cache)
+        return GenerateDecoderOnlyOutput(sequences=input_ids, **{key: cache})
     return input_ids
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps
 from . import wrap_compile, wrap_decoding, wrap_generate, wrap_prepare
 from .call import record_signature
@@ -26,6 +27,52 @@ from .call import record_signature
 NAME = "generation"
 TARGET = "transformers.generation.utils"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    # The wrapped GenerationMixin methods, with the parameters each wrapper reads by name (call.bind).
+    Signature(
+        "GenerationMixin.generate",
+        ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
+         "streamer", "custom_generate"),
+        positional=("inputs", "generation_config"),
+    ),
+    Signature("GenerationMixin._prepare_generated_length", ("input_ids_length",)),
+    Signature("GenerationMixin._validate_generated_length", ("input_ids_length",)),
+    Signature("GenerationMixin._get_logits_processor", ("input_ids_seq_length", "model_kwargs")),
+    Signature("GenerationMixin._prepare_cache_for_generation", ("generation_config", "max_cache_length")),
+    Signature("GenerationMixin._prepare_static_cache"),
+    Signature("GenerationMixin._get_static_cache_init_shape"),
+    Signature("GenerationMixin._valid_auto_compile_criteria", positional=("model_kwargs", "generation_config")),
+    Signature("GenerationMixin.prepare_inputs_for_generation", ("position_ids",)),
+    Signature(
+        "GenerationMixin._sample",
+        ("input_ids", "logits_processor", "stopping_criteria", "generation_config", "synced_gpus", "streamer"),
+    ),
+    Signature("GenerationMixin._beam_search", ("logits_processor", "stopping_criteria", "generation_config")),
+    # What the wrappers call on the model and the call's generation config.
+    Signature("GenerationMixin._prepare_generation_config", positional=("generation_config",)),
+    Signature(
+        "GenerationMixin._prepare_attention_mask_for_generation",
+        positional=("inputs_tensor", "generation_config", "model_kwargs"),
+    ),
+    Signature("GenerationMixin._supports_default_dynamic_cache"),
+    Signature("GenerationConfig.get_generation_mode", positional=("assistant_model",)),
+    Attribute("transformers.generation.configuration_utils:CompileConfig.backend"),
+    Attribute("transformers.generation.configuration_utils:CompileConfig.mode"),
+    Attribute("transformers.generation.configuration_utils:CompileConfig.options"),
+    Attribute("transformers.generation.configuration_utils:CompileConfig.dynamic"),
+    # The mask builder bound here (read: args[1] / inputs_embeds=, and the cache, 4th: ``cache`` from 5.24 on,
+    # ``past_key_values`` in 5.23, where the device-built masks never match and upstream's builder runs).
+    Signature("create_masks_for_generate", positional=("config", "inputs_embeds", "attention_mask")),
+    # The static cache's layers the plugin replaces and rebuilds (static_cache).
+    Signature("transformers.cache_utils:get_layer_types_and_kwargs", positional=("config",)),
+    Signature("transformers.cache_utils:StaticLayer", ("max_cache_len",)),
+    Signature("transformers.cache_utils:StaticLayer.lazy_initialization", positional=("key_states", "value_states")),
+    Attribute("transformers.cache_utils:StaticSlidingWindowLayer"),
+    Signature("transformers.cache_utils:StaticCache", ("config", "max_cache_len")),
+    Signature("transformers.cache_utils:DynamicCache", ("config",)),
+    # PreTrainedModel._default_compile_config (read by the device loop) is in transformers.modeling_utils, which
+    # may still be importing when this target is: not checked here.
+)
 
 _wraps = Wraps()
 

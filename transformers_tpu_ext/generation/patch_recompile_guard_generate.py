@@ -12,11 +12,16 @@ from typing import Any, Mapping
 
 from ..compilation import guard, recompile
 from ..backend import is_tpu
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_generate"
 TARGET = "transformers.generation.utils"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    # The report reads args[0] / inputs= (or input_ids=) and generation_config=.
+    Signature("GenerationMixin.generate", ("generation_config",), positional=("inputs",)),
+)
 
 _wraps = Wraps()
 

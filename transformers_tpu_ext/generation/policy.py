@@ -75,9 +75,10 @@ DEVICE_PROCESSORS = frozenset(
     }
 )
 
-#: Model inputs the device loop knows how to keep on the device between steps.
+#: Model inputs the device loop knows how to keep on the device between steps (the cache is ``cache`` from
+#: Transformers 5.24, ``past_key_values`` in 5.23).
 DEVICE_MODEL_KWARGS = frozenset(
-    {"cache", "attention_mask", "position_ids", "use_cache", "logits_to_keep", "inputs_embeds"}
+    {"cache", "past_key_values", "attention_mask", "position_ids", "use_cache", "logits_to_keep", "inputs_embeds"}
 )
 
 

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from . import policy
-from .call import CURRENT, CallState, bind, custom_masks, in_handled_call, report_failure
+from .call import CURRENT, CallState, bind, cache_key, custom_masks, in_handled_call, report_failure
 from .sampling import draws_on_device
 from .views import CriteriaView, ProcessorsView, on_device
 
@@ -95,7 +95,7 @@ def _loop_facts(model: Any, state: CallState, arguments: dict) -> policy.LoopFac
         and bool(generation_config.output_attentions or generation_config.output_hidden_states),
         synced_gpus=bool(arguments.get("synced_gpus")),
         custom_mask_function=custom_masks(model),
-        cache=cache_kind(arguments.get("cache")),
+        cache=cache_kind(arguments.get(cache_key())),
         use_cache=arguments.get("use_cache") is not False,
         causal=getattr(model.config, "is_causal", True) is not False,
     )
@@ -109,7 +109,7 @@ def _device_mask(model: Any, state: CallState, arguments: dict, masks: policy.De
     if masks.device:
         from .device_decode import call_mask
 
-        cache = arguments.get("cache")
+        cache = arguments.get(cache_key())
         try:
             mask = call_mask(arguments.get("attention_mask"), cache, arguments["input_ids"].shape[0], model.device)
         except Exception as error:  # a bug of ours: upstream builds the masks on the host

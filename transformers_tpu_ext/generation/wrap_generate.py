@@ -21,7 +21,7 @@ from ..backend import is_tpu
 from ..core.wrapping import warn_once
 from . import config as settings_module
 from . import policy, sampling, static_cache
-from .call import CURRENT, UPSTREAM, CallState, bind, model_kind, report_failure
+from .call import CURRENT, UPSTREAM, CallState, bind, cache_key, model_kind, report_failure
 from .views import Padding, StreamerView, ids_on
 
 logger = logging.getLogger("transformers_tpu_ext")
@@ -352,12 +352,14 @@ def _restore(result: Any, state: CallState, device: Any, model: Any) -> Any:
         return fix(result, sequence=True)
     sequences = getattr(result, "sequences", None)
     if isinstance(sequences, torch.Tensor):
-        if state.user_cache_kind is not None and getattr(result, "cache", None) is not None and (
-            state.plan.bucket or state.plan.static_cache or static_cache.layers_replaced(result.cache)
+        key = cache_key()
+        returned = getattr(result, key, None)
+        if state.user_cache_kind is not None and returned is not None and (
+            state.plan.bucket or state.plan.static_cache or static_cache.layers_replaced(returned)
         ):
-            result.cache = static_cache.as_upstream_returns(
-                model, result.cache, state.user_cache_kind, state.padding, state.upstream_cache_length
-            )
+            setattr(result, key, static_cache.as_upstream_returns(
+                model, returned, state.user_cache_kind, state.padding, state.upstream_cache_length
+            ))
         result.sequences = fix(sequences, sequence=True)
         for name in ("scores", "logits"):
             value = getattr(result, name, None)

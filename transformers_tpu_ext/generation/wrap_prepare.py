@@ -20,7 +20,7 @@ import functools
 from typing import Any
 
 from . import static_cache
-from .call import CURRENT, bind, in_handled_call, in_padded_call
+from .call import CURRENT, bind, cache_key, in_handled_call, in_padded_call
 
 @in_padded_call
 def prepare_generated_length(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -155,7 +155,7 @@ def masks_for_generate(original: Any) -> Any:
         if state is not None and state.device_mask is not None:
             cache, mask = state.device_mask
             embeds = kwargs.get("inputs_embeds", args[1] if len(args) > 1 else None)
-            if kwargs.get("cache", args[3] if len(args) > 3 else None) is cache and getattr(embeds, "shape", (0,))[0] == mask.shape[0]:
+            if kwargs.get(cache_key(), args[3] if len(args) > 3 else None) is cache and getattr(embeds, "shape", (0,))[0] == mask.shape[0]:
                 return mask
         return original(*args, **kwargs)
 

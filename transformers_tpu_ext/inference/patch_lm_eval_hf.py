@@ -24,11 +24,18 @@ import logging
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "lm_eval_hf"
 TARGET = "lm_eval.models.huggingface"
 DISTRIBUTION = "transformers"  # lm-eval is an optional extra: its own range is checked by the predicate
+RELIES_ON = (
+    Signature("HFLM.__init__", ("pretrained", "device"), positional=("pretrained",)),  # args[0] / pretrained=, device=
+    Signature("HFLM._model_call", positional=("inps",)),  # a causal LM's call: inps alone
+    Attribute("HFLM.model"),
+    Attribute("HFLM.device"),  # a property over _device, which the patch sets
+)
 
 _wraps = Wraps()
 logger = logging.getLogger("transformers_tpu_ext")

@@ -18,11 +18,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "pipeline_buckets"
 TARGET = "transformers.pipelines.base"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("Pipeline.forward", ("model_inputs",), positional=("model_inputs",)),  # args[0] / model_inputs=
+    Signature("Pipeline._forward"),  # what forward() calls, with the padded batch (each pipeline names its input)
+)
 
 _wraps = Wraps()
 

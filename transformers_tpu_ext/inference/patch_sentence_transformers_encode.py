@@ -15,11 +15,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "sentence_transformers_encode"
 TARGET = "sentence_transformers.sentence_transformer.model"
 DISTRIBUTION = "transformers"  # sentence-transformers is an optional extra (`embeddings`): its model holds a Transformers one
+RELIES_ON = (
+    Signature("SentenceTransformer.encode", ("pool", "device")),  # read by name: a pool or another device is upstream's
+)
 
 _wraps = Wraps()
 

@@ -20,11 +20,16 @@ from typing import Any, Callable
 
 from .. import backend
 from . import tp_plans
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "tp_kv_cache"
 TARGET = "transformers.generation.utils"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    # Bound here from transformers.distributed.tensor_parallel; the wrapper reads args[0], args[1] (or by name).
+    Signature("get_kv_heads_per_rank", ("tp_plan", "num_heads"), positional=("tp_plan", "num_heads")),
+)
 
 _wraps = Wraps()
 

@@ -21,11 +21,20 @@ from typing import Any, Callable
 
 from .. import backend
 from . import budget as placement
+from ..core.relies import Default, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_memory"
 TARGET = "accelerate.utils.modeling"
 DISTRIBUTION = "accelerate"
+RELIES_ON = (
+    # with_tpu reads args[0] / max_memory=, and None means "every device" (its first branch).
+    Signature("get_max_memory", ("max_memory",), positional=("max_memory",)),
+    Default("get_max_memory", "max_memory", None),
+    Signature("convert_file_size_to_int", positional=("size",)),
+    # The aliases (accelerate.utils.get_max_memory, transformers.integrations.accelerate.accelerate_max_memory)
+    # are rebound only where they exist and still are the original.
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 

@@ -20,11 +20,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "accelerate_offload"
 TARGET = "accelerate.utils.offload"
 DISTRIBUTION = "accelerate"
+RELIES_ON = (
+    # safetensors' safe_open(filename, framework, device="cpu") as bound here; the wrapper reads args[2] / device=.
+    Signature("safe_open", ("device",), positional=("filename", "framework", "device")),
+    Attribute("OffloadedWeightsLoader.__getitem__"),  # the caller: safe_open(..., device=<the main device>)
+)
 
 _wraps = Wraps()
 

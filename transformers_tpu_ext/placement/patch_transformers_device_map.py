@@ -26,12 +26,20 @@ from typing import Any, Callable
 
 from .. import backend
 from . import budget as placement
+from ..core.relies import Default, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 from .patch_accelerate_memory import with_tpu
 
 NAME = "transformers_device_map"
 TARGET = "transformers.modeling_utils"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("_get_device_map", ("device_map", "max_memory"), positional=("model", "device_map", "max_memory")),
+    Signature("accelerate_dispatch", ("model",), positional=("model",)),
+    # Transformers' own get_max_memory, wrapped like Accelerate's (with_tpu reads args[0] / max_memory=).
+    Signature("transformers.integrations.accelerate:get_max_memory", ("max_memory",), positional=("max_memory",)),
+    Default("transformers.integrations.accelerate:get_max_memory", "max_memory", None),
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 

@@ -13,11 +13,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Default, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "transformers_pipeline"
 TARGET = "transformers.pipelines.base"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("Pipeline.__init__", ("model", "device"), positional=("model",)),
+    # No device and no device map is upstream's default device 0, the accelerator: the wrapper gives it the chip.
+    Default("Pipeline.__init__", "device", None),
+)
 
 _wraps = Wraps()
 

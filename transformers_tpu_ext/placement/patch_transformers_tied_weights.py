@@ -22,11 +22,17 @@ import threading
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "transformers_tied_weights"
 TARGET = "transformers.modeling_utils"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("PreTrainedModel._apply", positional=("fn",)),  # torch's Module._apply, which every move calls
+    Signature("PreTrainedModel.named_parameters", ("remove_duplicate",)),
+    Signature("PreTrainedModel.get_submodule", positional=("target",)),
+)
 
 _wraps = Wraps()
 

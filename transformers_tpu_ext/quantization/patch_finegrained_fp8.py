@@ -17,12 +17,23 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps
 from . import policy
 
 NAME = "finegrained_fp8"
 TARGET = "transformers.integrations.finegrained_fp8"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    # The rebound fp8_linear reads args[0] / block_size= after the first three, and passes everything on to
+    # runtime.fp8_linear, which takes upstream's parameters in upstream's order.
+    Signature(
+        "fp8_linear",
+        ("block_size", "bias", "activation_scale", "allow_deepgemm"),
+        positional=("input", "weight", "weight_scale_inv", "block_size", "bias", "activation_scale", "allow_deepgemm"),
+    ),
+    Attribute("FP8Linear.forward"),  # a caller of the module global fp8_linear
+)
 
 _wraps = Wraps()
 

@@ -22,12 +22,23 @@ import logging
 from typing import Any
 
 from .. import backend
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe, user_error, warn_once
 from . import policy
 
 NAME = "quantizers"
 TARGET = "transformers.quantizers.auto"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    # get_hf_quantizer calls validate_environment(device_map=..., ...): the wrappers read device_map=.
+    Signature("FineGrainedFP8HfQuantizer.validate_environment", ("device_map",)),
+    Signature("Bnb8BitHfQuantizer.validate_environment", ("device_map",)),
+    Signature("Bnb4BitHfQuantizer.validate_environment", ("device_map",)),
+    Signature("TorchAoHfQuantizer.validate_environment"),
+    # The FP8 facts: config.dequantize, and scale_fmt / expert_dtype (read with "float" / "fp8" when absent).
+    Signature("FineGrainedFP8Config", ("dequantize", "scale_fmt", "expert_dtype")),
+    Signature("TorchAoConfig", ("quant_type",), positional=("quant_type",)),
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 

@@ -16,7 +16,9 @@
   the step (``per_request_path``) rather than numbers compiled into its programs.
 - ``patch_continuous_batching``: the glue into ``generate_batch``, ``ContinuousBatchingManager``
   and ``transformers serve --continuous-batching``; ``wrap_attention``: the model's attention while a
-  manager lives, given back on every exit path; ``patch_recompile_guard_serve``: the recompile guard
+  manager lives, given back on every exit path; ``wrap_cache``: the paged cache (one full-attention
+  group, int8 pages, sized from the HBM); ``wrap_requests``: the requests a manager accepts;
+  ``patch_recompile_guard_serve``: the recompile guard
   (``compilation``) around each step and the warm-up.
 
 See ``docs/serving.md``.

@@ -17,7 +17,7 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
 - ``PagedAttentionCache.__init__`` / ``group_layers_by_attn_type``: one full-attention cache group
   (sliding windows are applied by the attention's mask); with the int8 KV cache
   (``serving.kv_cache_path``), int8 pages and a parallel float32 scale tensor, whose blocks
-  ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request).
+  ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request): ``wrap_cache``.
 - the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
 - ``ContinuousBatchingLogitsProcessorList.__init__``: a manager that samples reads temperature, top-k
@@ -44,14 +44,64 @@ from .plan import plan_of as _plan_of
 from . import sampling
 from . import tensor_parallel
 from . import wrap_attention as attention
+from . import wrap_cache as cache
 from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
 from ..compilation import recompile_limit
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, warn_once
 
 NAME = "continuous_batching"
 TARGET = "transformers.generation.continuous_batching.continuous_api"
 DISTRIBUTION = "transformers"
+_CB = "transformers.generation.continuous_batching"
+RELIES_ON = (
+    # The manager and the mixin: what each wrapper reads of its arguments (args[i] or by name).
+    Signature("ContinuousBatchingManager.__init__", positional=("model", "generation_config", "continuous_batching_config")),
+    Signature("ContinuousBatchingManager.switch_to_cb_friendly_attn", positional=("model",)),
+    Signature("ContinuousBatchingManager.add_request", positional=("input_ids", "request_id", "max_new_tokens")),
+    *(Signature(f"ContinuousBatchingManager.{name}") for name in ("start", "destroy", "add_requests", "is_running", "warmup")),
+    Signature("ContinuousBatchingManager.stop", ("block", "timeout", "hard_stop")),
+    Signature("ContinuousMixin.generate_batch"),
+    Signature("OutputRouter.fail_and_deliver", positional=("state", "error")),
+    # The resolved config: called by keyword; the plan sets these fields, and a CompileConfig of its own.
+    Signature("resolve_continuous_batching_config", ("config", "workload_hints", "device")),
+    *(Attribute(f"ContinuousBatchingConfig.{name}") for name in (
+        "page_size", "max_batch_tokens", "max_requests_per_batch", "max_blocks_per_request", "use_cuda_graph",
+        "use_async_batching", "varlen_compile_config", "decode_compile_config", "return_logprobs")),
+    Signature("transformers.generation.configuration_utils:CompileConfig", ("backend", "mode", "fullgraph", "dynamic")),
+    # A step: TPUBatchIO takes ContinuousBatchingIOs' arguments and replaces the methods upstream calls.
+    Signature("ContinuousBatchingIOs", positional=("cache", "config", "continuous_batching_config", "device", "model_dtype",
+                                                   "logit_processor")),
+    Signature("ContinuousBatchingIOs.prepare_batch_tensors", positional=(
+        "requests_in_batch", "logits_processors", "use_decode_fast_path", "num_q_tokens", "max_kv_read", "use_padding")),
+    Signature("ContinuousBatchingIOs.get_model_kwargs", ("use_padding",)),
+    Signature("ContinuousBatchingIOs.retrieve_device_outputs"),
+    Signature("ModelRunner.warmup", positional=("model",)),
+    Signature("ModelRunner.compute_batch", positional=("model", "batch_data")),
+    Signature("ContinuousBatchingLogitsProcessorList.__init__", positional=(
+        "logits_processor", "per_request_processors", "drop_unsupported_processors")),
+    Signature("ContinuousBatchingLogitsProcessorList.prepare_tensor_args", ("requests_in_batch", "arg_storage")),
+    # The paged cache (wrap_cache; runtime.int8_pages reads args[4] / dtype=, local_kv_heads args[3] / distributed_helper=).
+    Signature(f"{_CB}.cache:PagedAttentionCache.__init__", positional=(
+        "config", "continuous_batching_config", "device", "distributed_helper", "dtype")),
+    Signature(f"{_CB}.cache:PagedAttentionCache.update", positional=("key_states", "value_states", "layer_idx", "kwargs")),
+    Signature(f"{_CB}.cache:group_layers_by_attn_type"),
+    *(Signature(f"{_CB}.cache:PagedAttentionMemoryHandler.{name}") for name in (
+        "get_available_memory", "infer_max_batch_tokens_and_num_sectors", "num_sectors_from_config")),
+    Attribute(f"{_CB}.cache:PagedAttentionMemoryHandler.bytes_per_batch_token"),
+    Signature(f"{_CB}.cache_allocators.cache_allocator:CacheAllocator.copy_blocks", ("source_block_ids", "dest_block_ids")),
+    Signature(f"{_CB}.cache_allocators.cache_allocator:CacheAllocator.get_write_indices", positional=(
+        "request_id", "past_length", "query_length")),
+    Signature(f"{_CB}.utils:find_head_dim", positional=("config",)),
+    Signature(f"{_CB}.distributed:DistributedHelper.extract_tp_mesh", positional=("device_mesh",)),
+    # The requests (wrap_requests: Scheduler.add_waiting_request reads args[0] / state=, lowers its max_new_tokens).
+    Signature(f"{_CB}.scheduler:Scheduler.add_waiting_request", positional=("state",)),
+    Signature(f"{_CB}.requests:RequestState", ("request_id", "initial_tokens", "max_new_tokens")),
+    Attribute(f"{_CB}.requests:RequestState._new_tokens_limit"),  # derived from max_new_tokens by __post_init__
+    # PreTrainedModel.set_attn_implementation is in transformers.modeling_utils, which may still be importing
+    # when this target is: not checked here.
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 
@@ -75,9 +125,6 @@ class _Init:
 
 
 _init: contextvars.ContextVar[_Init | None] = contextvars.ContextVar("tpu_ext_cb_init", default=None)
-_one_group: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_ext_cb_one_group", default=False)
-#: The model's dtype while an int8 paged cache is built (its pages are int8, its activations are not).
-_activations: contextvars.ContextVar[Any] = contextvars.ContextVar("tpu_ext_cb_activations", default=None)
 
 
 def apply(module: Any) -> None:
@@ -94,15 +141,15 @@ def apply(module: Any) -> None:
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
     _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
-    _wraps.wrap(cache_module.PagedAttentionCache, "__init__", _cache_init)
-    _wraps.wrap(cache_module, "group_layers_by_attn_type", _group_layers)
+    _wraps.wrap(cache_module.PagedAttentionCache, "__init__", cache.cache_init)
+    _wraps.wrap(cache_module, "group_layers_by_attn_type", cache.group_layers)
     scheduler = sys.modules["transformers.generation.continuous_batching.scheduler"]
     _wraps.wrap(scheduler.Scheduler, "add_waiting_request", requests.add_waiting_request)
     allocators = sys.modules["transformers.generation.continuous_batching.cache_allocators.cache_allocator"]
-    _wraps.wrap(allocators.CacheAllocator, "copy_blocks", _copy_blocks)
+    _wraps.wrap(allocators.CacheAllocator, "copy_blocks", cache.copy_blocks)
     handler = cache_module.PagedAttentionMemoryHandler
-    _wraps.wrap(handler, "get_available_memory", _available_memory)
-    _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", _infer_sizes)
+    _wraps.wrap(handler, "get_available_memory", cache.available_memory)
+    _wraps.wrap(handler, "infer_max_batch_tokens_and_num_sectors", cache.infer_sizes)
 
 
 def revert() -> None:
@@ -284,85 +331,6 @@ def _make_ios(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if _plan_of(kwargs.get("continuous_batching_config")) is not None:
         return _step_io().io_class()(*args, **kwargs)
     return wrapped(*args, **kwargs)
-
-
-# -------------------------------------------------------------------------------------------------
-# The paged cache: one full-attention group, sized from the chip's HBM
-
-
-def _cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    config = kwargs.get("continuous_batching_config", args[1] if len(args) > 1 else None)
-    plan = _plan_of(config)
-    if plan is None:
-        return wrapped(*args, **kwargs)
-    activations = None
-    if plan.kv_cache == "int8":  # upstream's allocators lay out int8 pages (bytes per page halve from bf16)
-        args, kwargs, activations = _runtime().int8_pages(args, kwargs)
-    if plan.kv_head_split is not None:  # one rank's key-value heads, whatever the plan's layout
-        args, kwargs = _runtime().local_kv_heads(args, kwargs, plan.kv_head_split)
-    tokens = _one_group.set(True), _activations.set(activations)
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        _one_group.reset(tokens[0])
-        _activations.reset(tokens[1])
-    if activations is not None:  # int8 scales: per layer and key-value head on the kernel path, else per position
-        _runtime().add_int8_scales(instance, per_head=plan.attention == "ragged")
-    requests.mark_cache(instance, plan)
-    return result
-
-
-def _copy_blocks(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    _runtime().copy_int8_scales(instance, *args, **kwargs)  # an int8 paged cache's scales go with its blocks
-    return result
-
-
-def _group_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    groups = wrapped(*args, **kwargs)
-    if not _one_group.get() or len(groups) == 1 and "full_attention" in groups:
-        return groups
-    # Sliding-window layers keep their whole history: the attention applies the window by mask.
-    return {"full_attention": sorted(layer for layers in groups.values() for layer in layers)}
-
-
-def _available_memory(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    plan = _plan_of(instance.cb_config)
-    return wrapped(*args, **kwargs) if plan is None else plan.budget
-
-
-def _infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    plan = _plan_of(instance.cb_config)
-    if plan is None:
-        return wrapped(*args, **kwargs)
-    from transformers.generation.continuous_batching.utils import find_head_dim
-
-    if _activations.get() is not None:  # int8 pages; activations (and their working memory) in the model's dtype
-        instance.activation_dtype = _activations.get()
-    plan.cache = serving.cache_plan(
-        plan.budget,
-        serving.kv_bytes_per_sector(instance.bytes_per_sector, find_head_dim(instance.config), plan.kv_cache),
-        _step_bytes(instance, plan),
-        requested_sectors=instance.num_sectors_from_config(),
-    )
-    logger.info("transformers-tpu-ext: TPU paged cache %s", plan.cache)
-    return plan.max_batch_tokens, plan.cache.num_sectors
-
-
-def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
-    from transformers.generation.continuous_batching.utils import find_head_dim
-
-    # under TP, upstream's handler divides the heads by the cache's split, not by what a rank computes
-    heads, kv_heads = plan.local_heads or (handler.num_attention_heads, handler.num_key_value_heads)
-    return serving.step_bytes(
-        plan,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=find_head_dim(handler.config),
-        itemsize=handler.activation_dtype.itemsize,
-        vocab_size=handler.config.vocab_size,
-        activation_bytes_per_token=handler.bytes_per_batch_token,
-    )
 
 
 def _resident_bytes(model: Any) -> int:

@@ -15,11 +15,16 @@ from typing import Any, Mapping
 
 from ..compilation import guard, recompile
 from ..backend import is_tpu
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_serve"
 TARGET = "transformers.generation.continuous_batching.continuous_api"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("ContinuousBatchProcessor._generation_step", ("model",), positional=("model",)),
+    Signature("ContinuousBatchProcessor.warmup", ("model",), positional=("model",)),
+)
 
 _wraps = Wraps()
 

@@ -26,11 +26,22 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
+from ..core.relies import Attribute, Default, Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "accelerate_dataclasses"
 TARGET = "accelerate.utils.dataclasses"
 DISTRIBUTION = "accelerate"
+RELIES_ON = (
+    Signature("DynamoBackend._missing_", positional=("value",)),  # Enum's hook, the value looked up
+    Signature("TorchDynamoPlugin.__post_init__"),
+    Attribute("TorchDynamoPlugin.backend"),
+    # dynamic=None is "unset": the patch gives the tpu backend dynamic=False then.
+    Default("TorchDynamoPlugin.__init__", "dynamic", None),
+    Signature("FullyShardedDataParallelPlugin.__post_init__"),
+    # FullyShardedDataParallelPlugin.fsdp_version exists from Accelerate 1.6 on (1.1: FSDP1 only, FSDP_VERSION
+    # read from the environment): read with getattr, not declared.
+)
 
 _wraps = Wraps()
 _members: dict[type, Any] = {}

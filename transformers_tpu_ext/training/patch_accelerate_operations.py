@@ -22,11 +22,17 @@ import sys
 from typing import Any, Callable
 
 from . import multiprocess
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, warn_once
 
 NAME = "accelerate_operations"
 TARGET = "accelerate.utils.operations"
 DISTRIBUTION = "accelerate"
+RELIES_ON = (
+    Signature("_gpu_gather", ("tensor",), positional=("tensor",)),  # looked up by gather() when it runs
+    Signature("recursively_apply", ("error_on_other_type",), positional=("func", "data")),
+    Attribute("accelerate.state:PartialState"),
+)
 
 _wraps = Wraps()
 

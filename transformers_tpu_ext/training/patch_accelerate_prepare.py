@@ -33,11 +33,24 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_prepare"
 TARGET = "accelerate.accelerator"
 DISTRIBUTION = "accelerate"
+RELIES_ON = (
+    Signature(
+        "Accelerator.prepare_model", ("evaluation_mode",), positional=("model", "device_placement", "evaluation_mode")
+    ),
+    Signature("Accelerator.prepare_optimizer", ("optimizer",), positional=("optimizer",)),
+    Attribute("Accelerator.device"),
+    Attribute("Accelerator.num_processes"),
+    Attribute("Accelerator.distributed_type"),
+    Attribute("DistributedType.FSDP"),
+    # fsdp2_prepare_model(accelerator, model), bound here, exists from Accelerate 1.6 on: wrapped only where it
+    # does (apply), not declared.
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 

@@ -36,11 +36,21 @@ from typing import Any
 import wrapt
 
 from .. import backend
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, warn_once
 
 NAME = "accelerate_rng"
 TARGET = "accelerate.checkpointing"
 DISTRIBUTION = "accelerate"
+#: The functions whose TPU branch reaches ``torch.get_device_module(...).get_rng_state`` / ``set_rng_state``
+#: through their module's own ``torch`` (``apply`` also checks that name is PyTorch itself).
+RELIES_ON = (
+    Attribute("torch"),
+    Signature("save_accelerator_state", positional=("output_dir",)),
+    Signature("load_accelerator_state", positional=("input_dir",)),
+    Attribute("accelerate.utils.random:torch"),
+    Signature("accelerate.utils.random:synchronize_rng_state", positional=("rng_type",)),
+)
 
 #: The modules whose ``torch`` becomes :class:`_Torch` (``accelerate.utils.random`` is imported before
 #: ``accelerate.checkpointing``, which imports it through ``accelerate.utils``).

@@ -34,11 +34,32 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "accelerate_state"
 TARGET = "accelerate.state"
 DISTRIBUTION = "accelerate"
+RELIES_ON = (
+    Attribute("PartialState.default_device"),  # a property of PartialState's own
+    # _tpu_backend reads args[0] / cpu=, args[2] / backend= and the (backend, distributed type) it returns.
+    Signature("PartialState._prepare_backend", ("cpu", "backend"), positional=("cpu", "sagemaker_dp", "backend")),
+    Signature("PartialState.set_device"),
+    Signature("PartialState.wait_for_everyone"),
+    Signature("PartialState", ("cpu",), positional=("cpu",)),  # made first, as upstream's __init__ does
+    Attribute("PartialState._shared_state"),
+    Attribute("AcceleratorState._shared_state"),
+    # _STATE_PARAMETERS: the wrapper reads mixed_precision, cpu and deepspeed_plugin, positional or by name. The
+    # order holds up to fsdp_plugin in every release (1.1 has no torch_tp_plugin or parallelism_config after it).
+    Signature(
+        "AcceleratorState.__init__",
+        ("mixed_precision", "cpu", "deepspeed_plugin"),
+        positional=("mixed_precision", "cpu", "dynamo_plugin", "deepspeed_plugin", "fsdp_plugin"),
+    ),
+    Attribute("DistributedType.NO"),
+    Attribute("DistributedType.MULTI_CPU"),
+    Attribute("DistributedType.MULTI_GPU"),
+)
 
 _wraps = Wraps()
 

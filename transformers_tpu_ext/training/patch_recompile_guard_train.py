@@ -12,11 +12,16 @@ from typing import Any, Mapping
 
 from ..compilation import guard, recompile
 from ..backend import is_tpu
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "recompile_guard_train"
 TARGET = "transformers.trainer"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("Trainer.training_step", ("inputs",), positional=("model", "inputs")),  # args[1] / inputs=
+    Attribute("TrainingArguments.device"),
+)
 
 _wraps = Wraps()
 

@@ -18,11 +18,20 @@ import weakref
 from typing import Any, Callable
 
 from .. import backend
+from ..core.relies import Signature
 from ..core.wrapping import Wraps, fail_safe
 
 NAME = "torch_ddp"
 TARGET = "torch.nn.parallel.distributed"
 DISTRIBUTION = "torch"
+RELIES_ON = (
+    # The wrapper reads args[0] / module=, and args[1:3] / device_ids=, output_device= (_POSITIONAL).
+    Signature(
+        "DistributedDataParallel.__init__",
+        ("module", "device_ids", "output_device"),
+        positional=("module", "device_ids", "output_device"),
+    ),
+)
 
 _wraps = Wraps()
 

@@ -25,11 +25,15 @@ from typing import Any
 
 from . import multiprocess
 from . import patch_torch_ddp
+from ..core.relies import Signature
 from ..core.wrapping import warn_once
 
 NAME = "torch_optimizer"
 TARGET = "torch.optim.optimizer"
 DISTRIBUTION = "torch"
+RELIES_ON = (
+    Signature("register_optimizer_step_pre_hook", positional=("hook",)),  # hook(optimizer, args, kwargs)
+)
 
 _handle: Any = None
 #: Optimizers already checked (optimizers compare by identity).

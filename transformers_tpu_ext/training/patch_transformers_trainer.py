@@ -37,11 +37,31 @@ from typing import Any, Callable
 
 from .. import backend
 from . import buckets as batch_buckets
+from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "transformers_trainer"
 TARGET = "transformers.trainer"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    # _bucket reads args[2] / batch_size=, args[4] / is_training=.
+    Signature(
+        "Trainer._get_dataloader",
+        ("batch_size", "is_training"),
+        positional=("dataset", "description", "batch_size", "sampler_fn", "is_training"),
+    ),
+    Signature("Trainer.prediction_step", ("inputs",), positional=("model", "inputs")),
+    Signature("Trainer._track_num_input_tokens", ("inputs",), positional=("inputs",)),  # in every supported release
+    Signature("Trainer._save_rng_state", ("output_dir",), positional=("output_dir",)),
+    Signature("Trainer._load_rng_state", ("checkpoint",), positional=("checkpoint",)),
+    Signature("Trainer._load_optimizer_and_scheduler", ("checkpoint",), positional=("checkpoint",)),
+    Signature("Trainer._save_checkpoint"),
+    Signature("Trainer.save_model"),
+    Attribute("Trainer.compute_loss"),  # the batch facts tell upstream's loss and prediction step from others
+    Attribute("TrainingArguments.device"),
+    Attribute("TrainingArguments.world_size"),
+    Attribute("TrainingArguments.process_index"),
+)
 
 logger = logging.getLogger("transformers_tpu_ext")
 

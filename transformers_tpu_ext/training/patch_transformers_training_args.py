@@ -15,11 +15,20 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
+from ..core.relies import Attribute, Default, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "transformers_training_args"
 TARGET = "transformers.training_args"
 DISTRIBUTION = "transformers"
+RELIES_ON = (
+    Signature("TrainingArguments.__post_init__"),
+    Attribute("TrainingArguments.torch_compile"),
+    Attribute("TrainingArguments.use_cpu"),
+    # An unset backend and mode (None) ask for no compilation: a value set asks for one (and gets the tpu backend).
+    Default("TrainingArguments.__init__", "torch_compile_backend", None),
+    Default("TrainingArguments.__init__", "torch_compile_mode", None),
+)
 
 _wraps = Wraps()
 

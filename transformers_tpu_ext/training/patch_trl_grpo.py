@@ -24,11 +24,28 @@ import contextvars
 import copy
 from typing import Any, Callable
 
+from ..core.relies import Attribute, Default, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
 NAME = "trl_grpo"
 TARGET = "trl.trainer.grpo_trainer"
 DISTRIBUTION = "transformers"  # TRL's own versions are checked by the loss predicate (training/losses.py)
+#: TRL's ``pad(tensors, padding_value=0, padding_side="right", pad_to_multiple_of=None)``.
+_PAD_ARGS = ("tensors", "padding_value", "padding_side", "pad_to_multiple_of")
+RELIES_ON = (
+    Signature("GRPOTrainer._generate_and_score_completions"),
+    Signature("GRPOTrainer._generate_single_turn"),
+    # TRL's pad, as bound here (_PAD_ARGS, positional or by name; an absent padding_side is "right").
+    Signature("pad", _PAD_ARGS, positional=_PAD_ARGS),
+    Default("pad", "padding_side", "right"),
+    # The trainer's settings the plan reads (GRPOTrainer copies them from its GRPOConfig).
+    Attribute("GRPOConfig.max_completion_length"),
+    Attribute("GRPOConfig.pad_to_multiple_of"),
+    Attribute("GRPOConfig.top_entropy_quantile"),
+    Attribute("GRPOConfig.use_vllm"),
+    Attribute("GRPOConfig.use_transformers_continuous_batching"),
+    Signature("transformers.generation.utils:GenerationMixin.generate", positional=("inputs",)),  # or input_ids=
+)
 
 _wraps = Wraps()
 
@@ -38,7 +55,6 @@ _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("transformers_tpu_
 _GENERATING: contextvars.ContextVar[bool] = contextvars.ContextVar("transformers_tpu_ext_grpo_generating", default=False)
 _PLAN = "_tpu_ext_grpo_plan"
 _USED = "_tpu_ext_grpo_prompt_lengths"
-_PAD_ARGS = ("tensors", "padding_value", "padding_side", "pad_to_multiple_of")
 
 
 def _plan(trainer: Any) -> Any:
