@@ -161,6 +161,21 @@ def test_step_bytes_counts_each_tokens_pages_scores_logits_and_activations():
     assert size == 64 * 1000 + 2 * 64 * 512 * 2 * 8 * 4 + 64 * 4 * 512 * 4 + 8 * 320 * 4
 
 
+def test_step_bytes_on_the_kernel_path_count_no_max_len_gather():
+    # issue 37: the kernel reads the pages in place; the cache sizing kept a max_len gather per token on the
+    # kernel path too (128 tokens x 1,024 keys: 543 MB of a 2 GiB chip), and a 1 GiB chip had no room for a cache
+    from transformers_tpu_ext.serving import kernel_path
+
+    plan = _plan(hint_len=364, max_batch_tokens=64, max_requests=8)
+    plan.attention, plan.kernel_variant = "ragged", kernel_path.KernelVariant(lanes=2)
+    size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=64, itemsize=2, vocab_size=320,
+                              activation_bytes_per_token=1000)
+    assert size == 64 * 1000 + 2 * 64 * 4 * 2 * 64 * 2 + 8 * 320 * 4  # queries and outputs, 128 lanes each
+    plan.attention = "paged"
+    assert serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=64, itemsize=2, vocab_size=320,
+                              activation_bytes_per_token=1000) > 5 * size
+
+
 def test_explicit_rungs_past_the_largest_step_are_refused_not_dropped():
     # docs/serving.md's request_buckets=(8, 32, 64) used to become (8, 32) without a word.
     with pytest.raises(ValueError, match=r"request_buckets=\(8, 32, 64\) goes past max_requests=32.*"
