@@ -137,3 +137,48 @@ def test_the_docs_table_is_the_predicates():
     text = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
     begin = text.index(kernel_path.BEGIN) + len(kernel_path.BEGIN)
     assert text[begin : text.index(kernel_path.END, begin)].strip() == kernel_path.path_table()
+
+
+@pytest.mark.parametrize("head_dim, lanes", [(128, 1), (64, 2)])
+def test_a_fallback_rewrites_kernel_pages_in_the_present_layout_with_their_scales(head_dim, lanes):
+    # issue 37: a kernel failing in a serving step: the pages the requests in flight hold move to upstream's
+    # layout ([2, page_size, kv_heads, head_dim] per layer and page) and int8 scales per layer and head to per position
+    import types
+
+    import torch
+
+    from transformers_tpu_ext.serving import ragged
+
+    blocks, layers, page, heads = 3, 2, 4, 4
+    pages = blocks * layers
+    kernel = torch.randint(-127, 128, (pages, page, heads // lanes, 2, lanes, head_dim), dtype=torch.int8)
+    allocator = types.SimpleNamespace(
+        cache_tensor=kernel.clone().view(pages * page, 2, heads, head_dim), num_key_value_heads=heads,  # upstream's shape
+        head_dim=head_dim, tokens_per_page=page, pages_per_block=layers,
+    )
+    ragged.to_present_layout(allocator, chunk=4)  # chunks that do not divide the pages
+    present = allocator.cache_tensor.view(pages, 2, page, heads, head_dim)
+    for p in range(pages):
+        for kv in range(2):
+            for t in range(page):
+                for h in range(heads):
+                    assert torch.equal(present[p, kv, t, h], kernel[p, t, h // lanes, kv, h % lanes])
+    head_scales = torch.rand(layers, 2, heads)
+    rows = ragged.present_scales(allocator, head_scales).view(blocks, layers, 2, page, heads)
+    assert torch.equal(rows, head_scales[None, :, :, None, :].expand(blocks, layers, 2, page, heads))
+
+
+def test_only_a_failure_of_the_kernel_sends_the_manager_to_the_present_path():
+    from transformers_tpu_ext.serving import ragged
+
+    try:
+        raise ValueError("transformers_tpu_ext::ragged_paged_attention_v6e_l1_0 does not lower for a TPU v6 lite")
+    except ValueError as error:
+        assert ragged.failed_here(error)
+    try:
+        try:
+            raise KeyError("x")
+        except KeyError as inner:
+            raise RuntimeError("the step failed") from inner
+    except RuntimeError as error:
+        assert not ragged.failed_here(error)  # a model's own bug is upstream's to handle

@@ -113,6 +113,9 @@ class ServingPlan:
     model_positions: int | None = None
     #: the registered kernel's variant on the kernel path (``kernel_path.KernelVariant``), else ``None``
     kernel_variant: Any = None
+    #: on the kernel path, the working memory a step of the present path would need (``memory.step_bytes``):
+    #: what a fallback (``wrap_fallback``) compares with what the cache left free
+    present_step_bytes: int | None = None
     #: under tensor parallelism, what the paged cache divides the model's key-value heads by to hold one
     #: rank's (``tensor_parallel.kv_split``); ``None`` without tensor parallelism
     kv_head_split: int | None = None

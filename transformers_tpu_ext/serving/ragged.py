@@ -206,6 +206,49 @@ def kernel_views(allocator: Any) -> tuple[Any, Any]:
     return pages, pages.view(-1, 2 * heads // lanes, lanes * dim)
 
 
+def to_present_layout(allocator: Any, chunk: int = 256) -> None:
+    """Rewrite every page of ``allocator`` from the kernel's layout to upstream's, in place (the fallback of a
+    kernel that failed while serving: ``wrap_fallback``). A kernel page ``[page_size, 2 * kv_heads / lanes,
+    lanes * head_dim]`` holds, per row pair, the keys then the values of ``lanes`` heads side by side; upstream's
+    page is ``[2, page_size, kv_heads, head_dim]``. ``chunk`` pages at a time (that much temporary memory)."""
+    heads, dim, page = allocator.num_key_value_heads, allocator.head_dim, allocator.tokens_per_page
+    lanes = kernel_path.lane_packing(dim, heads)
+    pages = allocator.cache_tensor.view(-1, page, heads // lanes, 2, lanes, dim)
+    for start in range(0, pages.shape[0], chunk):
+        part = pages[start : start + chunk]
+        present = part.permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, 2, page_size, groups, lanes, head_dim]
+        part.view(present.shape).copy_(present)
+
+
+def present_scales(allocator: Any, head_scales: Any) -> Any:
+    """The present path's int8 scales (a row per cached position and key-value head, ``quantization.kv_cache``)
+    from the kernel's (per layer and key-value head ``[layers, 2, kv_heads]``): what each page holds reads the same."""
+    from ..quantization import kv_cache
+
+    scales = kv_cache.paged_scales(allocator)
+    rows = scales.view(-1, allocator.pages_per_block, 2, allocator.tokens_per_page, scales.shape[1])
+    rows.copy_(head_scales[None, :, :, None, :].expand(rows.shape))
+    return scales
+
+
+def failed_here(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) came from the kernel: its op's name in the message, or a
+    frame of this module, ``kernel_call``, or a Pallas module (torch_tpu's ``jax_op``, JAX's, the simulator's)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if "ragged_paged_attention" in str(error):
+            return True
+        tb = error.__traceback__
+        while tb is not None:
+            name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+            if name.endswith(("serving/ragged.py", "serving/kernel_call.py")) or "pallas" in name:
+                return True
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def step_inputs(allocator: Any, write: list[int], blocks: list[list[int]]) -> tuple[list[int], list[int]]:
     """Layer 0's write rows in the kernel's layout (from upstream's write indices) and the requests'
     page-table bases, flat (their blocks times the layers per block)."""

@@ -214,11 +214,19 @@ def warmup(runner: Any, model: Any) -> None:
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes
     start = time.perf_counter()
-    with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
-        for q, s in shapes:
-            io.prepare_warmup_batch(q, s)
-            runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
-            bar.step(f"compiled tokens={q} requests={s}")
+    runner._tpu_ext_warming_up = True
+    try:
+        for _ in range(2):  # again if the kernel failed on the way (wrap_fallback): the present path's programs
+            attention = io.plan.attention
+            with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
+                for q, s in shapes:
+                    io.prepare_warmup_batch(q, s)
+                    runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
+                    bar.step(f"compiled tokens={q} requests={s}")
+            if io.plan.attention == attention:
+                break
+    finally:
+        runner._tpu_ext_warming_up = False
     io.reset()
     scales = getattr(io.allocator, "_tpu_ext_kv_head_scales", None)
     if scales is not None:  # the warm-up's dummy tokens set no scale: the first real step does
