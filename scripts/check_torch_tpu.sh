@@ -17,6 +17,9 @@
 # torch_tpu/_internal/pallas/pallas.py (its C extension stubbed, tests/_torch_tpu_wheel.py), registers every
 # kernel variant the serving plugin registers with its jax_op and lowers each for the TPU, and checks that
 # the simulator's jax_op accepts, refuses and describes (schema) the same functions as the wheel's
+# and tests/simulator/test_surface_wheel.py, which reads the wheel's table of its public surface
+# (_internal/public_api.py) and checks every name, signature and NotImplementedError refusal of the simulated
+# torch.tpu against the wheel's definitions, and get_pallas_mesh's refusals against the wheel's own Python
 # (TORCH_TPU_SOURCES_REQUIRED=1: they fail instead of skipping when they cannot find the sources). Extra
 # arguments go to pytest.
 set -euo pipefail
@@ -139,5 +142,6 @@ TORCH_TPU_SOURCES_REQUIRED=1 "$venv/bin/python" -m pytest -n auto --dist loadfil
     tests/core/test_activation.py tests/core/test_activation_subprocess.py tests/core/test_compat.py \
     tests/generation/test_generation_config.py tests/generation/test_buckets.py tests/parallelism/test_tp_plans.py tests/core/test_topology.py \
     tests/core/test_settings.py tests/simulator/test_internal_apis_table.py tests/simulator/test_jax_op_wheel.py \
+    tests/simulator/test_surface_wheel.py \
     "tests/core/test_faults.py::test_a_failing_entry_point_is_one_warning_and_import_torch_works" "$@"
 echo "check_torch_tpu: passed in $((SECONDS - started)) s" >&2

@@ -118,5 +118,14 @@ def test_a_kernel_left_to_guess_its_block_sizes_fails_as_in_torch_tpu_s_process(
 def test_jax_op_takes_tensors_only_and_one_chip(op):
     with pytest.raises(NotImplementedError, match="one chip"):
         torch.tpu.pallas.jax_op("tests_pallas::meshed", rpa.ragged_paged_attention, mesh=object())
-    with pytest.raises(NotImplementedError, match="one chip"):
+    # get_pallas_mesh refuses first what torch_tpu refuses (tests/simulator/test_surface_wheel.py), then the mesh
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         torch.tpu.pallas.get_pallas_mesh(("x",), (1,))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(NotImplementedError, match="one chip"):
+            torch.tpu.pallas.get_pallas_mesh(("x",), (1,))
+    finally:
+        dist.destroy_process_group()

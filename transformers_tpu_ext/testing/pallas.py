@@ -84,8 +84,28 @@ def _jax() -> Any:
 
 
 def get_pallas_mesh(axis_names: Any, mesh_shape: Any = None, process_group: Any = None) -> Any:
-    """torch_tpu's mesh for ``jax_op`` over several chips: the simulator runs ``jax_op`` on one chip."""
+    """torch_tpu's mesh for ``jax_op`` over several chips: its refusals (``torch.distributed`` not initialized,
+    a shape or group that is not the whole world, names that do not match the shape: the wheel's
+    ``_get_pallas_mesh``), then the simulator's own (it runs ``jax_op`` on one chip)."""
+    import math
+
+    import torch.distributed as dist
+
     _jax()
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized. dist.init_process_group()")
+    world = dist.get_world_size()
+    if process_group is not None and dist.get_world_size(process_group) != world:
+        raise ValueError(
+            "torch_tpu pallas kernels currently require full world-size meshes only. Got process_group with size "
+            f"{dist.get_world_size(process_group)}, expected {world}."
+        )
+    if mesh_shape is not None and math.prod(mesh_shape) != world:
+        raise ValueError(f"Pallas mesh shape {mesh_shape} product ({math.prod(mesh_shape)}) must match world size ({world}).")
+    if mesh_shape is not None and not isinstance(axis_names, str) and len(axis_names) != len(mesh_shape):
+        raise ValueError("does not match length")
+    if mesh_shape is None and not isinstance(axis_names, str) and len(axis_names) > 1:
+        raise ValueError("must be explicitly specified")
     raise NotImplementedError("the simulated TPU runs jax_op on one chip (no Pallas mesh)")
 
 
