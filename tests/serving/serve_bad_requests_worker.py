@@ -1,6 +1,6 @@
 """Worker of test_serve_bad_requests.py: runs in a fresh interpreter (tests/_subprocess.run_python) and reports one JSON value."""
 from _worker import report
-import json, os, signal, socket, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
+import tempfile, threading, time
 from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -27,63 +27,52 @@ BAD = [
     ("too long", {"prompt": " ".join(WORDS * 8), "max_tokens": NEW}),  # past TRANSFORMERS_TPU_EXT_SERVE_MAX_LEN
 ]
 
-# `transformers serve --continuous-batching` (Transformers 5.25 loads the model in a process of its own:
-# the simulated TPU comes with TRANSFORMERS_TPU_EXT_SIMULATE, installed by the plugin's entry point there).
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-env = {**os.environ, "TRANSFORMERS_TPU_EXT_SIMULATE": "chips=1,hbm=128MiB"}
-cli = os.path.join(os.path.dirname(sys.executable), "transformers")
-server = subprocess.Popen([cli, "serve", str(path), "--continuous-batching", "--port", str(port), "--host", "127.0.0.1"],
-                          env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tempfile.mkdtemp(), "serve.log"), "w"),
-                          start_new_session=True)
-url = f"http://127.0.0.1:{port}"
-
-def call(method, route, body=None):
-    data = None if body is None else json.dumps({"model": str(path), "temperature": 0, **body}).encode()
-    request = urllib.request.Request(url + route, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=600) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()[:400]
+# `transformers serve --continuous-batching` as a user runs it (Transformers 5.25 loads the model in a process of its
+# own: the simulated TPU comes with TRANSFORMERS_TPU_EXT_SIMULATE, and reports what that process compiles).
+from _serve_cli import Served
 
 r = {"good": {"total": 0, "ok": 0, "wrong": []}, "bad": {}, "health": []}
 stop = threading.Event()
 
 def watch_health():
     while not stop.is_set():
-        r["health"].append(call("GET", "/health")[0])
+        r["health"].append(server.call("GET", "/health", timeout=30)[0])
         time.sleep(0.5)
 
-try:
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1); break
-        except Exception:
-            time.sleep(0.5)
-    call("POST", "/v1/completions", {"prompt": prompts[0], "max_tokens": NEW})  # starts the manager (its warm-up)
+def call(body):
+    return server.call("POST", "/v1/completions", {"temperature": 0, **body})
+
+started = time.perf_counter()
+with Served(str(path)) as server:
+    call({"prompt": prompts[0], "max_tokens": NEW})  # starts the manager (its warm-up)
+    programs = server.programs()
     watcher = threading.Thread(target=watch_health, daemon=True)
     watcher.start()
-    for wave in range(2):  # 2 x 100 concurrent requests, 5 of each 100 bad
-        jobs = [("good", prompts[i % 10], {"prompt": prompts[i % 10], "max_tokens": NEW}) for i in range(95)]
-        jobs += [("bad", name, body) for name, body in BAD]
-        jobs = [jobs[(i * 37) % 100] for i in range(100)]  # the bad ones spread among the good
-        with ThreadPoolExecutor(32) as pool:
-            answers = list(pool.map(lambda job: (job, call("POST", "/v1/completions", job[2])), jobs))
-        for (kind, key, body), (status, payload) in answers:
-            if kind == "good":
-                r["good"]["total"] += 1
-                text = payload["choices"][0]["text"] if status == 200 else None
-                if text == expected[key]:
-                    r["good"]["ok"] += 1
+    try:
+        for wave in range(2):  # 2 x 100 concurrent requests, 5 of each 100 bad
+            jobs = [("good", prompts[i % 10], {"prompt": prompts[i % 10], "max_tokens": NEW}) for i in range(95)]
+            jobs += [("bad", name, body) for name, body in BAD]
+            jobs = [jobs[(i * 37) % 100] for i in range(100)]  # the bad ones spread among the good
+            with ThreadPoolExecutor(32) as pool:
+                answers = list(pool.map(lambda job: (job, call(job[2])), jobs))
+            for (kind, key, body), (status, payload) in answers:
+                if kind == "good":
+                    r["good"]["total"] += 1
+                    text = payload["choices"][0]["text"] if status == 200 else None
+                    if text == expected[key]:
+                        r["good"]["ok"] += 1
+                    else:
+                        r["good"]["wrong"].append([status, str(payload)[:200]])
                 else:
-                    r["good"]["wrong"].append([status, str(payload)[:200]])
-            else:
-                r["bad"].setdefault(key, []).append([status, str(payload)[:300]])
-    r["after"] = call("POST", "/v1/completions", {"prompt": prompts[3], "max_tokens": NEW})[1]["choices"][0]["text"] == expected[prompts[3]]
-finally:
-    stop.set()
-    os.killpg(server.pid, signal.SIGTERM)  # the server and the model's process it started
-    server.wait(60)
+                    r["bad"].setdefault(key, []).append([status, str(payload)[:300]])
+        status, payload = call({"prompt": prompts[3], "max_tokens": NEW})
+        r["after"] = status == 200 and payload["choices"][0]["text"] == expected[prompts[3]]
+    finally:
+        stop.set()
+        watcher.join(30)
+    engine = server.engine()
+    r["engine"] = dict(patch=engine["patches"].get("continuous_batching"), programs_after_warmup=engine["counters"]["programs"] - programs,
+                       process=engine["process"])
+r["seconds"] = round(time.perf_counter() - started, 1)
 r["health"] = sorted(set(r["health"])) + [len(r["health"])]
 report(r)

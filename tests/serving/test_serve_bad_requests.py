@@ -59,3 +59,10 @@ def test_every_bad_request_is_a_400_naming_the_limit(served, bad, message):
 def test_the_server_stays_healthy(served):
     *statuses, count = served["health"]
     assert statuses == [200] and count > 0
+
+
+def test_the_model_process_serves_them_on_the_patched_path_and_compiles_nothing_after_warm_up(served):
+    # read from the simulated TPU's report of the process that runs the model (5.25: spawned by the server)
+    engine = served["engine"]
+    assert engine["patch"] == "applied"
+    assert engine["programs_after_warmup"] == 0
