@@ -37,7 +37,7 @@ def test_a_model_the_kernel_takes_runs_it():
         (dict(attention_sinks=True), "attention sinks"),
         (dict(kv_cache="fp8"), "the fp8 KV cache"),
         (dict(dtype="float16"), "float16"),
-        (dict(head_dim=96), "head size 96 with 2 key-value heads (the kernel takes multiples of 128, or divisors"),
+        (dict(head_dim=96), "head size 96 (the kernel takes multiples of 128, or divisors of 128 lane-packed; pages padded to 128 lanes would hold and read 33% more bytes"),
         (dict(head_dim=64, heads=6, kv_heads=3), "head size 64 with 3 key-value heads"),
         (dict(heads=6, kv_heads=4), "6 query heads for 4 key-value heads"),
         (dict(heads=6, kv_heads=3), "3 key-value heads of size 128 in bfloat16 pages"),
@@ -182,3 +182,27 @@ def test_only_a_failure_of_the_kernel_sends_the_manager_to_the_present_path():
             raise RuntimeError("the step failed") from inner
     except RuntimeError as error:
         assert not ragged.failed_here(error)  # a model's own bug is upstream's to handle
+
+
+def test_a_head_size_the_kernel_cannot_take_is_said_once_per_model_with_the_reason():
+    # issue 37: head size 96 (Phi-3 mini) stays on the plain-PyTorch path, and the user is told why, once
+    import logging
+
+    from transformers_tpu_ext.core import wrapping
+    from transformers_tpu_ext.serving import ragged
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3", head_dim=96, num_attention_heads=4, num_key_value_heads=2)
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger("transformers_tpu_ext")
+    logger.addHandler(handler)
+    try:
+        for _ in range(2):  # a second manager of the same model: nothing more said
+            assert ragged.choose(model, "auto", None, False) == ("paged", None)
+    finally:
+        logger.removeHandler(handler)
+    (message,) = said
+    wrapping._warned.discard(message.removeprefix("transformers-tpu-ext: "))
+    assert "Qwen3ForCausalLM" in message and "head size 96" in message and "33% more bytes" in message

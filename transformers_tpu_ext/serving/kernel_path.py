@@ -162,6 +162,13 @@ def attention_path(facts: KernelFacts) -> tuple[str, str]:
     if not facts.kv_heads or facts.heads % facts.kv_heads:
         return "paged", f"{facts.heads} query heads for {facts.kv_heads} key-value heads"
     lanes = lane_packing(facts.head_dim, facts.kv_heads)
+    if not lanes and facts.head_dim % HEAD_ALIGNMENT and HEAD_ALIGNMENT % facts.head_dim:
+        padded = -(-facts.head_dim // HEAD_ALIGNMENT) * HEAD_ALIGNMENT
+        return "paged", (
+            f"head size {facts.head_dim} (the kernel takes multiples of {HEAD_ALIGNMENT}, or divisors of {HEAD_ALIGNMENT} "
+            f"lane-packed; pages padded to {padded} lanes would hold and read {padded / facts.head_dim - 1:.0%} more bytes "
+            "than the plain-PyTorch path's own, and JAX 0.10's kernel takes no other size)"
+        )
     if not lanes:
         return "paged", (
             f"head size {facts.head_dim} with {facts.kv_heads} key-value heads (the kernel takes multiples of "
@@ -209,10 +216,12 @@ _CASES: tuple[tuple[str, dict], ...] = (
     ("a torch_tpu without `torch.tpu.pallas.jax_op`", {"jax_op": False}),
     ("head size 64, 8 key-value heads (Llama 3.2 1B; Qwen2.5 0.5B has 2)", {"head_dim": 64}),
     ("the int8 KV cache (`TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE=int8`), head size 128 or 64", {"kv_cache": "int8"}),
-    ("head size 96 (Phi-3 mini) or 80", {"head_dim": 96}),
+    ("head size 96 (Phi-3 mini)", {"head_dim": 96}),
+    ("head size 80", {"head_dim": 80}),
     ("head size 64 with an odd number of key-value heads (3)", {"head_dim": 64, "heads": 12, "kv_heads": 3}),
     ("3 key-value heads in bf16", {"heads": 24, "kv_heads": 3}),
     ("float16 weights", {"dtype": "float16"}),
+    ("attention sinks (gpt-oss; its manager itself runs unpatched, above)", {"attention_sinks": True}),
 )
 
 

@@ -330,7 +330,7 @@ def choose(
                     "the ragged paged attention kernel failed on this torch_tpu before serving started "
                     f"({type(error).__name__}: {str(error)[:500]})"
                 ), None
-    describe(path, why)
+    describe(path, why, type(model).__name__)
     if path == "ragged":
         _prepare()
     return path, variant
@@ -373,17 +373,18 @@ def _probe(model: Any, variant: kernel_path.KernelVariant, facts: kernel_path.Ke
             raise RuntimeError(f"the kernel's output for 3 tokens is {tuple(out.shape)}, not finite or not q's shape")
 
 
-def describe(path: str, why: str) -> None:
-    """Say once which attention the serving steps run, and why."""
+def describe(path: str, why: str, model: str = "the model") -> None:
+    """Say once per model (its class) which attention the serving steps run, and why: a warning when JAX is
+    there and the kernel cannot take the model (head size 96, attention sinks...), else at INFO."""
     from ..core.wrapping import warn_once
 
     if path == "ragged" or why.startswith("JAX is not installed"):  # no JAX: the default, not a problem
-        message = f"transformers-tpu-ext: TPU serving attention: {path}: {why}"
+        message = f"transformers-tpu-ext: TPU serving attention for {model}: {path}: {why}"
         if message not in _said:
             _said.add(message)
             logger.info(message)
     elif not why.startswith("TRANSFORMERS_TPU_EXT_SERVE_ATTENTION"):  # JAX is there, the kernel cannot be used
-        warn_once(f"TPU serving runs the plain-PyTorch paged attention (each token reads max_len keys): {why}")
+        warn_once(f"TPU serving of {model} runs the plain-PyTorch paged attention (each token reads max_len keys): {why}")
 
 
 _said: set[str] = set()
