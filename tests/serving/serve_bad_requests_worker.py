@@ -74,5 +74,6 @@ with Served(str(path)) as server:
     r["engine"] = dict(patch=engine["patches"].get("continuous_batching"), programs_after_warmup=engine["counters"]["programs"] - programs,
                        process=engine["process"])
 r["seconds"] = round(time.perf_counter() - started, 1)
+r["transformers"] = __import__("transformers").__version__
 r["health"] = sorted(set(r["health"])) + [len(r["health"])]
 report(r)
