@@ -262,7 +262,9 @@ def worker(side: str, quick: bool) -> dict:
             i = pending.pop(0)
             ids.append(manager.add_request(prompts[i], request_id=f"r{i}", max_new_tokens=work[i][1]))
             in_flight += 1
-        out = manager.get_result(timeout=120)
+        # JAX's kernel runs as its reference on the simulated TPU, compiling an XLA program per new shape: a step
+        # of the kernel sides can take minutes on a loaded machine
+        out = manager.get_result(timeout=900 if head_dim else 120)
         if out is None:
             raise RuntimeError("the manager stopped answering")
         if out.is_finished():
