@@ -38,5 +38,6 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The kernel's reference runs op by op on JAX's CPU backend; unoptimized XLA programs compile faster.
 export XLA_FLAGS="${XLA_FLAGS:---xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true}"
 "$python" -m pytest -n 0 -q -p no:cacheprovider \
-    tests/simulator/test_pallas.py tests/serving/test_kernel_path.py tests/serving/test_ragged_serving.py "$@"
+    tests/simulator/test_pallas.py tests/simulator/test_jax_op_wheel.py tests/serving/test_kernel_path.py \
+    tests/serving/test_ragged_serving.py tests/serving/test_ragged_formats.py tests/serving/test_ragged_fallback.py "$@"
 echo "check_jax: passed in $((SECONDS - started)) s" >&2

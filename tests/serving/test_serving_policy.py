@@ -130,6 +130,22 @@ def test_step_stats_measure_padding():
     assert stats.asdict()["shapes"] == [(16, 8), (32, 8)]
 
 
+@pytest.mark.parametrize(
+    "prompt, new, positions, message",
+    [
+        (0, 8, None, "empty prompt"),
+        (5, 0, None, "max_new_tokens \\(max_tokens\\) must be at least 1, got 0"),
+        (5, -3, None, "got -3"),
+        (300, 8, 300, "the model has 300 positions"),
+    ],
+)
+def test_fit_request_refuses_a_request_that_can_only_fail(prompt, new, positions, message):
+    with pytest.raises(ValueError, match=message):
+        serving.fit_request(prompt, new, 512, positions)
+    if prompt and new > 0:
+        assert serving.fit_request(positions - 1, new, 512, positions) == 8
+
+
 def test_fit_request_lowers_max_new_tokens_and_refuses_a_prompt_with_no_room():
     assert serving.fit_request(100, 20, 512) == 20
     assert serving.fit_request(500, 1024, 512) == 12
@@ -143,6 +159,21 @@ def test_step_bytes_counts_each_tokens_pages_scores_logits_and_activations():
     size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=8, itemsize=4, vocab_size=320,
                               activation_bytes_per_token=1000)
     assert size == 64 * 1000 + 2 * 64 * 512 * 2 * 8 * 4 + 64 * 4 * 512 * 4 + 8 * 320 * 4
+
+
+def test_step_bytes_on_the_kernel_path_count_no_max_len_gather():
+    # issue 37: the kernel reads the pages in place; the cache sizing kept a max_len gather per token on the
+    # kernel path too (128 tokens x 1,024 keys: 543 MB of a 2 GiB chip), and a 1 GiB chip had no room for a cache
+    from transformers_tpu_ext.serving import kernel_path
+
+    plan = _plan(hint_len=364, max_batch_tokens=64, max_requests=8)
+    plan.attention, plan.kernel_variant = "ragged", kernel_path.KernelVariant(lanes=2)
+    size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=64, itemsize=2, vocab_size=320,
+                              activation_bytes_per_token=1000)
+    assert size == 64 * 1000 + 2 * 64 * 4 * 2 * 64 * 2 + 8 * 320 * 4  # queries and outputs, 128 lanes each
+    plan.attention = "paged"
+    assert serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=64, itemsize=2, vocab_size=320,
+                              activation_bytes_per_token=1000) > 5 * size
 
 
 def test_explicit_rungs_past_the_largest_step_are_refused_not_dropped():

@@ -118,6 +118,7 @@ def paged_cache_class() -> type:
             self.allocator = allocator
             self.page_size = allocator.tokens_per_page
             self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator) if attention == "ragged" else (None, None)
+            self.kernel_scales = getattr(allocator, "_tpu_ext_kv_head_scales", None)  # int8 kernel pages
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any = None) -> tuple[Any, Any]:
             import torch
@@ -183,12 +184,16 @@ def local_kv_heads(args: tuple, kwargs: dict, split: int) -> tuple[tuple, dict]:
     return (*args[:3], _LocalKVHeads(args[3], split), *args[4:]), kwargs
 
 
-def add_int8_scales(cache: Any) -> None:
-    """Give each allocator of an int8 paged ``cache`` its float32 scale tensor (``quantization.kv_cache``)."""
+def add_int8_scales(cache: Any, per_head: bool = False) -> None:
+    """Give each allocator of an int8 paged ``cache`` its float32 scales: per position and key-value head
+    (``quantization.kv_cache``), or, for the kernel (``per_head``), per layer and key-value head (``ragged``)."""
     from ..quantization import kv_cache
 
     for allocator in cache.cache_allocators.values():
-        allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
+        if per_head:
+            allocator._tpu_ext_kv_head_scales = ragged.head_scales(allocator)
+        else:
+            allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
 
 
 def copy_int8_scales(allocator: Any, source_block_ids: list[int], dest_block_ids: list[int]) -> None:
@@ -209,12 +214,23 @@ def warmup(runner: Any, model: Any) -> None:
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes
     start = time.perf_counter()
-    with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
-        for q, s in shapes:
-            io.prepare_warmup_batch(q, s)
-            runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
-            bar.step(f"compiled tokens={q} requests={s}")
+    runner._tpu_ext_warming_up = True
+    try:
+        for _ in range(2):  # again if the kernel failed on the way (wrap_fallback): the present path's programs
+            attention = io.plan.attention
+            with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
+                for q, s in shapes:
+                    io.prepare_warmup_batch(q, s)
+                    runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
+                    bar.step(f"compiled tokens={q} requests={s}")
+            if io.plan.attention == attention:
+                break
+    finally:
+        runner._tpu_ext_warming_up = False
     io.reset()
+    scales = getattr(io.allocator, "_tpu_ext_kv_head_scales", None)
+    if scales is not None:  # the warm-up's dummy tokens set no scale: the first real step does
+        scales.zero_()
     logger.info(
         "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
     )

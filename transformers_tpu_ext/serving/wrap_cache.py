@@ -52,8 +52,8 @@ def cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     finally:
         _one_group.reset(tokens[0])
         _activations.reset(tokens[1])
-    if activations is not None:
-        _runtime().add_int8_scales(instance)
+    if activations is not None:  # int8 scales: per layer and key-value head on the kernel path, else per position
+        _runtime().add_int8_scales(instance, per_head=plan.attention == "ragged")
     requests.mark_cache(instance, plan)
     return result
 
@@ -85,6 +85,12 @@ def infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
     if _activations.get() is not None:  # int8 pages; activations (and their working memory) in the model's dtype
         instance.activation_dtype = _activations.get()
+    if plan.attention == "ragged":  # what the present path would need, should the kernel fail later (wrap_fallback)
+        plan.attention = "paged"
+        try:
+            plan.present_step_bytes = _step_bytes(instance, plan)
+        finally:
+            plan.attention = "ragged"
     plan.cache = serving.cache_plan(
         plan.budget,
         serving.kv_bytes_per_sector(instance.bytes_per_sector, find_head_dim(instance.config), plan.kv_cache),

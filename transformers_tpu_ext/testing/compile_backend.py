@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from . import report
 from .compile_cache import CACHE
 from .device import STATE
 
@@ -35,6 +36,7 @@ def tpu_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., An
     sim = simulated_tpu()
     if CACHE.miss("graph", lambda: _graph_key(gm, example_inputs)) and sim is not None:
         sim._graphs_compiled += 1
+        report.compiled()
     forward = gm.forward
     runs = [0]
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from . import generators as _generators
+from . import report
 from .compile_cache import CACHE as _COMPILE_CACHE
 from .device import _CPU, STATE, _aten, _info, _is_tpu_wrapper, _to_copy, _wrap
 
@@ -34,6 +35,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             if key not in STATE.seen:
                 if _COMPILE_CACHE.miss("eager", key):
                     STATE.eager_programs += 1
+                    report.compiled()
                 STATE.seen.add(key)
             else:
                 _COMPILE_CACHE.hits += 1

@@ -28,6 +28,7 @@ from . import (
     tensor_data,
 )
 from . import chips as chips_module
+from . import report
 from .instance import DEFAULTS, SimulatedTPU, is_installed, set_current, simulated_tpu
 
 __all__ = ["SimulatedTPU", "install", "install_from_env", "is_installed", "simulated_tpu"]
@@ -154,6 +155,7 @@ def install(
             sim.configure(chips=chips, generation=generation, hbm_bytes=hbm_bytes, untie_on_move=untie_on_move)
             _register_torch()
             set_current(sim)
+            report.enable()  # TRANSFORMERS_TPU_EXT_SIMULATE_REPORT: counters for other processes to read
         else:
             sim.unpark()  # asked for again: visible again (see SimulatedTPU.park)
             sim.hbm_bytes = None
