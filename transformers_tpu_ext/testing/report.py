@@ -24,18 +24,23 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["REPORT_ENV", "enable", "read", "written", "write"]
 
 REPORT_ENV = "TRANSFORMERS_TPU_EXT_SIMULATE_REPORT"
 
 _directory: list[Path] = []  # set by enable(): where this process writes
+_counters: list[Callable[[], dict[str, Any]]] = []  # set by enable(): the installed simulator's counters
 
 
-def enable(directory: str | os.PathLike[str] | None = None) -> Path | None:
+def enable(
+    counters: Callable[[], dict[str, Any]], directory: str | os.PathLike[str] | None = None
+) -> Path | None:
     """Start writing this process's report in ``directory`` (default: ``$TRANSFORMERS_TPU_EXT_SIMULATE_REPORT``;
-    neither: nothing is written). Called by ``install()``; returns the file, or ``None``."""
+    neither: nothing is written), with what ``counters()`` returns. Called by ``install()``; returns the file, or
+    ``None``."""
+    _counters[:] = [counters]
     directory = directory or os.environ.get(REPORT_ENV, "").strip() or None
     if directory is None:
         return None
@@ -73,12 +78,7 @@ def write(why: str = "asked") -> None:
 def _snapshot(why: str) -> dict[str, Any]:
     import multiprocessing
 
-    from .instance import simulated_tpu
-
-    sim = simulated_tpu()
-    counters = sim.counters().asdict() if sim is not None else {}
-    if counters:
-        counters["programs"] = counters["graphs_compiled"] + counters["eager_programs"]
+    counters = _counters[0]() if _counters else {}
     activation = sys.modules.get("transformers_tpu_ext.activation")
     return {
         "pid": os.getpid(),

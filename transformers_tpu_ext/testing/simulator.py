@@ -155,7 +155,7 @@ def install(
             sim.configure(chips=chips, generation=generation, hbm_bytes=hbm_bytes, untie_on_move=untie_on_move)
             _register_torch()
             set_current(sim)
-            report.enable()  # TRANSFORMERS_TPU_EXT_SIMULATE_REPORT: counters for other processes to read
+            report.enable(_report_counters)  # TRANSFORMERS_TPU_EXT_SIMULATE_REPORT: for other processes to read
         else:
             sim.unpark()  # asked for again: visible again (see SimulatedTPU.park)
             sim.hbm_bytes = None
@@ -178,3 +178,13 @@ def parse_spec(spec: str) -> dict[str, Any]:
 def install_from_env(spec: str) -> SimulatedTPU:
     """Install from a ``TRANSFORMERS_TPU_EXT_SIMULATE`` value (``"1"`` or ``"chips=4,..."``)."""
     return install(**parse_spec(spec))
+
+
+def _report_counters() -> dict[str, object]:
+    """The installed simulator's counters as the report writes them (``{}`` when none is installed)."""
+    sim = simulated_tpu()
+    if sim is None:
+        return {}
+    counters = sim.counters().asdict()
+    counters["programs"] = counters["graphs_compiled"] + counters["eager_programs"]
+    return counters
