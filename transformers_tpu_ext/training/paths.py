@@ -25,7 +25,7 @@ from . import policy as training_policy
 from ..core.length_readers import ModelLengths, Rotary
 from .buckets import ModelFacts, SourceFacts
 
-__all__ = ["GRPO_CASES", "grpo_table", "BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
+__all__ = ["GRPO_CASES", "LOSS_CASES", "grpo_table", "losses_table", "BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
 
 _LADDER = batch_buckets.sequence_ladder()
 _BATCH = 4
@@ -59,6 +59,8 @@ class BatchCase:
     used: tuple[int, ...] = ()  # rungs earlier batches compiled
 
 
+_REWARD_MODEL = ModelFacts(per_token_labels=False, pools_last_token=True, pad_token_id=0)
+_LIBRARY = losses.KNOWN_LOSSES
 _DYNAMIC = ModelFacts(pad_token_id=0, max_positions=8192, lengths=ModelLengths((Rotary("dynamic", 8192),)))
 _LONGROPE = ModelFacts(
     pad_token_id=0, max_positions=131072, lengths=ModelLengths((Rotary("longrope", 4096),), resets_cache_at=4096)
@@ -147,6 +149,30 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         {"input_ids": (6, 70), "attention_mask": (6, 70), "completion_mask": (6, 70)}, source=SourceFacts(keeps_rows=True),
     ),
     BatchCase(
+        "TRL `RewardTrainer`", "3 pairs: 6 × 70 tokens, `margin` `(3,)`",
+        {"input_ids": (6, 70), "attention_mask": (6, 70), "margin": (3,)}, model=_REWARD_MODEL, source=SourceFacts(keeps_rows=True),
+        dtypes={"margin": "float"},
+    ),
+    BatchCase(
+        "TRL `KTOTrainer`", "4 × 40 tokens, `completion_mask`; KL completions `KL_*` 4 × 70; `label` `(4,)`",
+        {"input_ids": (4, 40), "attention_mask": (4, 40), "completion_mask": (4, 40), "KL_input_ids": (4, 70),
+         "KL_attention_mask": (4, 70), "KL_completion_mask": (4, 70), "label": (4,)},
+        source=SourceFacts(keeps_rows=True, layout=_LIBRARY["trl.trainer.kto_trainer.KTOTrainer"].layout),
+    ),
+    BatchCase(
+        "TRL `ORPOTrainer`, `CPOTrainer` (`trl.experimental`)", "`chosen_*` 4 × 40, `rejected_*` 4 × 70, `prompt_*` 4 × 20",
+        {**{f"{side}_{key}": (4, length) for side, length in (("chosen", 40), ("rejected", 70))
+            for key in ("input_ids", "attention_mask", "labels")},
+         "prompt_input_ids": (4, 20), "prompt_attention_mask": (4, 20), "prompt": None},
+        source=SourceFacts(keeps_rows=True, layout=_LIBRARY["trl.experimental.orpo.orpo_trainer.ORPOTrainer"].layout),
+    ),
+    BatchCase(
+        "your `compute_loss` with `@ignores_padding`", "3 × 70 tokens", _lm(3, 70), source=SourceFacts(),
+    ),
+    BatchCase(
+        "your `compute_loss` with `@ignores_padding(rows=False)`", "3 × 70 tokens", _lm(3, 70), source=SourceFacts(keeps_rows=True),
+    ),
+    BatchCase(
         "a plain `nn.Module`", "feature vectors `(4, 10)` named `input_ids`",
         {"input_ids": (4, 10), "labels": (4,)}, model=ModelFacts(known=False),
     ),
@@ -182,6 +208,8 @@ BATCH_CASES: tuple[BatchCase, ...] = (
 def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
     model, source = case.model, case.source
     reasons = []
+    if source.layout is not None:
+        return "; ".join([_why_layout(source.layout), *_rows_reason(case, plan)])
     if model.pools_last_token:
         reasons.append("`input_ids` padded with the config's pad token: the last non-pad token it pools is unchanged")
     elif source.packed or ("position_ids" in plan.lengths and "attention_mask" not in case.shapes):
@@ -216,15 +244,33 @@ def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
             reasons.append(f"LongRoPE: short factors up to {rotary.threshold} positions, padding kept within them")
         else:
             reasons.append(f"LongRoPE: past {rotary.threshold} the long factors whatever the padding")
-    if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
-        reasons.append("added rows have labels -100")
-    elif source.keeps_rows and source.training:
-        reasons.append("no rows added: the trainer reads every row (DPO pairs its halves, SFT counts the mask's tokens)")
-    elif model.aux_loss and source.training:
-        reasons.append("no rows added: its auxiliary loss counts every token the mask lets through")
+    reasons.extend(_rows_reason(case, plan))
     if not source.training:
         reasons.append("outputs cut back to the collator's lengths")
     return "; ".join(reasons)
+
+
+def _why_layout(layout: batch_buckets.BatchLayout) -> str:
+    names = [" and ".join(f"`{prefix}*`" for prefix in group) if any(group) else "the completions" for group in layout.groups]
+    if len(names) > 1:
+        text = f"{' and '.join(names)} each in a bucket of their own"
+    else:
+        text = f"{names[0]} in one bucket (the trainer concatenates them)"
+    text += ": masks 0, labels -100, `completion_mask` 0 on the padding, which its loss ignores"
+    if layout.unread:
+        text += f"; `{layout.unread[0].split('_')[0]}_*` (generation in evaluation, not read by the loss) as collated"
+    return text
+
+
+def _rows_reason(case: BatchCase, plan: batch_buckets.BatchPlan) -> list[str]:
+    source, model = case.source, case.model
+    if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
+        return ["added rows have labels -100"]
+    if source.keeps_rows and source.training:
+        return ["no rows added: the loss reads every row (chosen and rejected halves, per-row labels, token counts)"]
+    if model.aux_loss and source.training:
+        return ["no rows added: its auxiliary loss counts every token the mask lets through"]
+    return []
 
 
 def _padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
@@ -343,7 +389,53 @@ def grpo_table(cases: Sequence[tuple[str, dict[str, Any]]] = GRPO_CASES) -> str:
     return "\n".join(lines)
 
 
-_TABLES = {"training-batches": batch_table, "training-optimizers": optimizer_table, "training-grpo": grpo_table}
+#: Library trainers as users configure them: (what, the class defining the loss, TRL's version, options, compute_loss_func).
+LOSS_CASES: tuple[tuple[str, str, str, dict[str, Any], bool], ...] = (
+    ("`SFTTrainer`, `loss_type` `\"nll\"` or `\"dft\"`", "trl.trainer.sft_trainer.SFTTrainer", "1.16.0", {"loss_type": "nll"}, False),
+    ("`DPOTrainer`, `loss_type` `\"sigmoid\"`, `\"hinge\"`, `\"ipo\"`, `\"sft\"`", "trl.trainer.dpo_trainer.DPOTrainer", "1.16.0",
+     {"loss_type": ["sigmoid"]}, False),
+    ("`GRPOTrainer`, every `loss_type`", "trl.trainer.grpo_trainer.GRPOTrainer", "1.16.0", {"loss_type": "dapo"}, False),
+    ("`RewardTrainer` (`center_rewards_coefficient`, a `margin` column)", "trl.trainer.reward_trainer.RewardTrainer", "1.16.0", {}, False),
+    ("`KTOTrainer`, `loss_type` `\"kto\"` or `\"apo_zero_unpaired\"` (also `trl.experimental.kto`)",
+     "trl.trainer.kto_trainer.KTOTrainer", "1.16.0", {"loss_type": "kto"}, False),
+    ("`trl.experimental` `ORPOTrainer`", "trl.experimental.orpo.orpo_trainer.ORPOTrainer", "1.16.0", {}, False),
+    ("`trl.experimental` `CPOTrainer`, `loss_type` `\"sigmoid\"`, `\"hinge\"`, `\"ipo\"`, `\"simpo\"`",
+     "trl.experimental.cpo.cpo_trainer.CPOTrainer", "1.16.0", {"loss_type": "simpo"}, False),
+    ("`trl.experimental` `GMPOTrainer`", "trl.experimental.gmpo.gmpo_trainer.GMPOTrainer", "1.16.0", {}, False),
+    ("`DPOTrainer(loss_type=\"bco_pair\")` (or another type not listed)", "trl.trainer.dpo_trainer.DPOTrainer", "1.16.0",
+     {"loss_type": ["bco_pair"]}, False),
+    ("`KTOTrainer` or `CPOTrainer` with another `loss_type`", "trl.trainer.kto_trainer.KTOTrainer", "1.16.0",
+     {"loss_type": "bco"}, False),
+    ("any of them with `use_liger_kernel=True`", "trl.trainer.sft_trainer.SFTTrainer", "1.16.0",
+     {"loss_type": "nll", "use_liger_kernel": True}, False),
+    ("any of them with a `compute_loss_func`", "trl.trainer.sft_trainer.SFTTrainer", "1.16.0", {"loss_type": "nll"}, True),
+    ("`trl.experimental` trainers on TRL 1.17", "trl.experimental.orpo.orpo_trainer.ORPOTrainer", "1.17.0", {}, False),
+    ("`RLOOTrainer`, `DistillationTrainer`, `OnlineDPOTrainer`, `GKDTrainer`, ... (not read)", "trl.trainer.rloo_trainer.RLOOTrainer",
+     "1.16.0", {}, False),
+)
+
+
+def losses_table(cases: Sequence[tuple[str, str, str, dict[str, Any], bool]] = LOSS_CASES) -> str:
+    """The markdown table of which library trainers' losses the batch predicate knows (TRL 1.16)."""
+    lines = ["| your TRL trainer | its batches on TPU | what its loss reads |", "|---|---|---|"]
+    for what, trainer, version, options, func in cases:
+        loss = losses.library_loss(trainer, version=version, options=options, compute_loss_func=func)
+        if isinstance(loss, str):
+            lines.append(f"| {what} | as collated, said once in the log | {losses.own_loss_reason(loss)} |")
+            continue
+        cell = "padded to buckets"
+        if loss.layout is not None:
+            cell += " (its own keys)"
+        if loss.counts:
+            cell += "; count-shaped metrics on the host"
+        lines.append(f"| {what} | {cell} | {loss.reads} |")
+    return "\n".join(lines)
+
+
+_TABLES = {
+    "training-batches": batch_table, "training-optimizers": optimizer_table, "training-grpo": grpo_table,
+    "training-losses": losses_table,
+}
 
 
 def render_blocks(text: str, tables: Mapping[str, Callable[[], str]]) -> str:
