@@ -114,6 +114,17 @@ def test_a_layout_is_for_the_decoder_only_models_it_was_read_for():
     assert "'label' is not one value per row" in _plan(odd, KTO_LAYOUT)
 
 
+def test_a_packed_row_may_be_longer_than_the_position_table():
+    """Positions restart with each packed sequence (the padding's are 0): a row of 1,014 tokens for a model of 512
+    positions is padded (it was left as collated, a program set per length: SFT with packing=True on rows of 256)."""
+    packed = {"input_ids": (1, 1014), "labels": (1, 1014), "position_ids": (1, 1014), "seq_idx": (1, 1014),
+              "cu_seq_lens_q": (14,), "cu_seq_lens_k": (14,), "max_length_q": None, "max_length_k": None}
+    plan = _plan(packed, None, model=ModelFacts(pad_token_id=0, max_positions=512))
+    assert plan.sequence == 1024 and plan.rows == 1
+    unpacked = _plan({"input_ids": (1, 1014), "attention_mask": (1, 1014)}, None, model=ModelFacts(max_positions=512))
+    assert unpacked == "sequences of 1014 tokens are longer than the model's 512 positions"
+
+
 torch = pytest.importorskip("torch")
 
 

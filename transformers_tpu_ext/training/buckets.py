@@ -149,6 +149,8 @@ def plan_batch(
     if isinstance(found, str):
         return found
     packed, add_mask = found
+    if packed:  # positions restart with each packed sequence (the padding's are 0): the row may be longer than the table
+        sides = [(keys_of_side, None, exact) for keys_of_side, _, exact in sides]
     found = _padded_lengths(shapes, present, sides, fills, rows, model, source, ladder, used, reuse, length)
     if isinstance(found, str):
         return found

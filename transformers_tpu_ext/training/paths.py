@@ -82,6 +82,10 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         "GPT-2 with `n_positions=200`", "4 × 195 tokens", _lm(4, 195), model=_GPT2_200,
     ),
     BatchCase("GPT-2 with `n_positions=200`", "4 × 230 tokens", _lm(4, 230), model=_GPT2_200),
+    BatchCase(
+        "GPT-2 with `n_positions=200`, packed", "1 row of 700 tokens, `position_ids`",
+        {"input_ids": (1, 700), "labels": (1, 700), "position_ids": (1, 700)}, model=_GPT2_200, source=SourceFacts(packed=True),
+    ),
     BatchCase("BERT MLM, `default_data_collator` on 100-token blocks", "4 × 100, no mask", _lm(4, 100, mask=False), model=_BERT),
     BatchCase(
         "token classification (BERT)", "4 × 40, labels per token",
