@@ -255,3 +255,20 @@ def test_a_declaration_on_the_function_the_method_or_the_class_is_read():
     assert rows(plain) is None
     assert rows(method) is True and rows(klass) is False
     assert rows(plain, ignores_padding(lambda *a, **k: 0)) is True
+
+
+def test_a_trainer_that_makes_its_own_tensors_is_named_too(caplog):
+    """TRL's RLOOTrainer collates lists of examples and makes its tensors in its step: not a batch the collator
+    pads, but its loss is still named, once, with the way to declare it."""
+    import logging
+
+    from transformers_tpu_ext.training import collator
+
+    collator._told.clear()
+    own = SourceFacts(custom_loss=True, own_loss="RLOOTrainer: a loss of your own (compute_loss or compute_loss_func)")
+    bucket = collator.BucketCollator(lambda f: list(f), batch_size=4, model=ModelFacts(), source=own)
+    with caplog.at_level(logging.WARNING, logger="transformers_tpu_ext"):
+        assert bucket([{"prompt": "a"}]) == [{"prompt": "a"}] and bucket([{"prompt": "b"}]) == [{"prompt": "b"}]
+    said = [r.getMessage() for r in caplog.records if "RLOOTrainer" in r.getMessage()]
+    assert len(said) == 1 and "batches left as the trainer makes them: RLOOTrainer: a loss of your own" in said[0]
+    assert "transformers_tpu_ext.training.ignores_padding" in said[0]

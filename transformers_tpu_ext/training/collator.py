@@ -119,7 +119,12 @@ class BucketCollator:
 
     def pad(self, batch: Any) -> Any:
         """``batch`` padded to its bucket (a :class:`PaddedBatch`), or ``batch`` itself."""
-        if not self.settings.enabled or not isinstance(batch, Mapping):
+        if not self.settings.enabled:
+            return batch
+        if not isinstance(batch, Mapping):  # a trainer that makes its tensors itself (TRL's RLOO, GRPO)
+            if self.source.custom_loss:
+                what = self.source.own_loss or "a loss of your own (compute_loss or compute_loss_func)"
+                _tell(f"batches left as the trainer makes them: {batch_buckets.own_loss_reason(what)}")
             return batch
         plan = self._plan(batch, used=self.used)
         if isinstance(plan, str):
