@@ -58,6 +58,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "lm_eval_hf": "inference",
         "sentence_transformers_encode": "inference",
         "accelerate_rng": "training",
+        "trainer_losses": "training",
     }
 )
 

@@ -44,6 +44,7 @@ __all__ = [
     "tiny_config",
     "tiny_lm_dataset",
     "tiny_model",
+    "tiny_preference_pairs",
     "tiny_tokenizer",
 ]
 
@@ -295,3 +296,24 @@ def tiny_lm_dataset(
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_length, max_length + 1, (num_examples,), generator=gen).tolist()
     return [{"input_ids": torch.randint(2, vocab, (n,), generator=gen).tolist()} for n in lengths]
+
+
+def tiny_preference_pairs(num_pairs: int = 12, max_words: int = 6, seed: int = 0) -> dict[str, list[str]]:
+    """Preference pairs (``prompt``, ``chosen``, ``rejected``) of words from :data:`TINY_TEXT`, of varied lengths:
+    a column dict for ``datasets.Dataset.from_dict``, the format TRL's ``DPOTrainer``, ``RewardTrainer``, ORPO
+    and CPO read (KTO: each answer alone, with a ``label``). Seeded; no download."""
+    import random
+
+    words = " ".join(TINY_TEXT).split()
+    rng = random.Random(seed)
+    rows: dict[str, list[str]] = {"prompt": [], "chosen": [], "rejected": []}
+
+    def span(low: int, high: int) -> str:
+        start = rng.randrange(len(words))
+        return " ".join((words * 2)[start: start + rng.randint(low, high)])
+
+    for _ in range(num_pairs):
+        rows["prompt"].append(span(2, max_words))
+        rows["chosen"].append(" " + span(1, max_words))
+        rows["rejected"].append(" " + span(1, max_words))
+    return rows

@@ -17,7 +17,7 @@ from typing import Any
 from ..core.length_readers import model_lengths
 from . import buckets as batch_buckets
 
-__all__ = ["POOLS_FIRST_TOKEN", "model_facts", "packs", "source_facts", "unwrap"]
+__all__ = ["POOLS_FIRST_TOKEN", "declared", "model_facts", "packs", "source_facts", "unwrap"]
 
 #: Encoder families whose sequence classifier pools the first token (or a mean under the mask):
 #: padding on the right with a mask cannot reach what they pool. Other bidirectional classifiers
@@ -139,21 +139,21 @@ def known_loss(trainer: Any) -> Any:
     from . import losses
 
     defined_by = _defined_by(trainer, "compute_loss")
-    if defined_by not in losses.KNOWN_LOSSES:
-        return losses.library_loss(defined_by, version=None)
-    changed = _loss_helpers_of_your_own(trainer)
-    if changed:
-        return f"{type(trainer).__name__} overrides {changed}: a loss of your own"
+    loss_class, helper = _loss_class(trainer)
+    if loss_class not in losses.KNOWN_LOSSES:
+        if helper is not None and defined_by in losses.KNOWN_LOSSES:
+            return f"{type(trainer).__name__} overrides {helper}: a loss of your own"
+        return losses.library_loss(loss_class, version=None)
     try:
         from importlib.metadata import version
 
-        found = version(defined_by.split(".", 1)[0])
+        found = version(loss_class.split(".", 1)[0])
     except Exception:  # noqa: BLE001 - not installed as a distribution: unknown
         found = None
     args = trainer.args
     options = {name: getattr(args, name, None) for name in ("loss_type", "use_liger_kernel", "use_weighting")}
     return losses.library_loss(
-        defined_by, version=found, compute_loss_func=getattr(trainer, "compute_loss_func", None) is not None, options=options
+        loss_class, version=found, compute_loss_func=callable(getattr(trainer, "compute_loss_func", None)), options=options
     )
 
 
@@ -162,43 +162,81 @@ def known_loss(trainer: Any) -> Any:
 _LOSS_WORDS = ("loss", "forward", "logits", "training_step")
 
 
-def _loss_helpers_of_your_own(trainer: Any) -> str | None:
-    """The first loss helper a class of the user's (below the library's in the MRO) defines, or ``None``."""
+def _loss_class(trainer: Any) -> tuple[str, str | None]:
+    """The class whose loss ``trainer`` computes, ``module.qualname``: the most derived class in its MRO that
+    defines ``compute_loss`` or a loss helper, with that method (``Class.method``); the class defining
+    ``compute_loss`` and ``None`` if no class does."""
     for cls in type(trainer).__mro__:
-        if cls.__module__.split(".", 1)[0] == "trl":
-            return None
         for name, value in vars(cls).items():
             if callable(value) and any(word in name for word in _LOSS_WORDS):
-                return f"{cls.__name__}.{name}"
-    return None
+                return f"{cls.__module__}.{cls.__qualname__}", f"{cls.__name__}.{name}"
+    return _defined_by(trainer, "compute_loss"), None
 
 
-def _known_trainers() -> Any:
+def _loss_helpers_of_your_own(trainer: Any) -> str | None:
+    """The loss helper (``Class.method``) a class that is not a known library loss defines, or ``None``."""
     from . import losses
 
-    return losses.KNOWN_LOSSES
+    loss_class, helper = _loss_class(trainer)
+    return None if loss_class in losses.KNOWN_LOSSES else helper
+
+
+def declared(trainer: Any) -> Any:
+    """The :class:`~transformers_tpu_ext.training.losses.PaddingDeclaration` of ``trainer``'s loss (its
+    ``compute_loss_func``, its ``compute_loss`` or its class decorated with ``ignores_padding``), or ``None``."""
+    from .losses import DECLARED
+
+    func = getattr(trainer, "compute_loss_func", None)
+    method = getattr(type(trainer), "compute_loss", None)
+    for owner in (func if callable(func) else None, method, type(trainer)):
+        found = getattr(owner, DECLARED, None) if owner is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.SourceFacts:
     """The :class:`~transformers_tpu_ext.training.buckets.SourceFacts` of a Trainer data loader."""
+    from . import losses
+
     args = trainer.args
-    upstream = _defined_by(trainer, "compute_loss") in _UPSTREAM_COMPUTE_LOSS
+    defined_by = _defined_by(trainer, "compute_loss")
+    upstream = defined_by in _UPSTREAM_COMPUTE_LOSS
+    func = callable(getattr(trainer, "compute_loss_func", None))
     library = None if upstream else known_loss(trainer)
     known = library is not None and not isinstance(library, str)
-    if isinstance(library, str) and _defined_by(trainer, "compute_loss") in _known_trainers():
-        from ..core.wrapping import warn_once
-
-        warn_once(f"batches left as the collator made them: {library}")
+    declaration = declared(trainer)
+    if declaration is not None:  # the user's word, checked on the first batch (patch_trainer_losses)
+        custom, own, keeps_rows = False, "", not declaration.rows
+        entry = library if known else losses.KNOWN_LOSSES.get(_loss_class(trainer)[0]) or losses.KNOWN_LOSSES.get(defined_by)
+        layout = getattr(entry, "layout", None)
+    elif upstream:
+        custom, own, keeps_rows, layout = func, "compute_loss_func, a loss of your own", False, None
+    else:
+        custom, keeps_rows, layout = not known, known, library.layout if known else None
+        own = "" if known else _own_loss(trainer, library)
     return batch_buckets.SourceFacts(
         training=training,
         packed=packs(collate),
         generates=not training and bool(getattr(args, "predict_with_generate", False)),
-        custom_loss=(not upstream and not known) or (upstream and getattr(trainer, "compute_loss_func", None) is not None),
+        custom_loss=custom,
+        own_loss=own,
         cuts_outputs=_defined_by(trainer, "prediction_step") in _UPSTREAM_PREDICTION_STEP,
         returns_inputs="inputs" in (getattr(args, "include_for_metrics", None) or ()),
-        keeps_rows=known,
+        keeps_rows=keeps_rows,
         neftune=getattr(args, "neftune_noise_alpha", None) is not None,
+        layout=layout,
     )
+
+
+def _own_loss(trainer: Any, reason: str) -> str:
+    """What the log calls a loss the plugin does not know: the library's reason, or the class and method."""
+    from . import losses
+
+    loss_class, helper = _loss_class(trainer)
+    if loss_class in losses.KNOWN_LOSSES or _defined_by(trainer, "compute_loss") in losses.KNOWN_LOSSES:
+        return f"{type(trainer).__name__}: {reason}"
+    return f"{helper or type(trainer).__name__ + '.compute_loss'} ({loss_class}), a loss of your own"
 
 
 def grpo_facts(trainer: Any) -> Any:
