@@ -19,6 +19,7 @@ from . import (
     factories,
     foreach,
     generators,
+    grouped_ops,
     pinned,
     process_group,
     quantized_ops,
@@ -129,6 +130,7 @@ def _register_torch() -> None:
     autocast.register()
     random_ops.register()
     quantized_ops.register()
+    grouped_ops.register()
     synchronize.register()
     foreach.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
