@@ -184,6 +184,7 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
         "linear_attention": serving.ServeFacts(layer_types=("full_attention", "linear_attention")),
         "chunked_attention": serving.ServeFacts(layer_types=("chunked_attention",)),
         "sinks": serving.ServeFacts(attention_sinks=True),
+        "multi-head latent attention": serving.ServeFacts(latent_cache="kimi_linear"),
         "eager_attention_forward": serving.ServeFacts(attention="eager", eager_function=False),
     }
     for reason, facts in refused.items():

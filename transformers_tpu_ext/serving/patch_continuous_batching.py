@@ -208,6 +208,7 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
 
     from ..generation.static_cache import text_layer_types
 
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return serving.ServeFacts(
         tp=_tp_facts(model),
         encoder_decoder=bool(model.config.is_encoder_decoder),
@@ -215,6 +216,7 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
+        latent_cache=str(config.model_type) if getattr(config, "kv_lora_rank", None) is not None else "",
     )
 
 
