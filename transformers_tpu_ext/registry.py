@@ -58,6 +58,8 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "lm_eval_hf": "inference",
         "sentence_transformers_encode": "inference",
         "accelerate_rng": "training",
+        "experts": "experts",
+        "experts_decode": "experts",
     }
 )
 
@@ -68,6 +70,7 @@ REGISTRY: tuple[str, ...] = tuple(PATCHES)
 #: compile cache, the recompile guard, TorchDynamo's recompile limit) has settings and no patch of its own.
 CAPABILITIES: tuple[str, ...] = (
     "placement", "kernels", "generation", "parallelism", "serving", "quantization", "training", "compilation", "inference",
+    "experts",
 )
 
 

@@ -15,6 +15,8 @@ on the same inputs, after the checks the kernel makes when a chip traces it:
   simulated chip generation), its runtime checks on the real values (``dynamic_validate_inputs``),
   then ``ref_ragged_paged_attention`` with the same keyword arguments. Each call adds to
   :data:`STATS` the K/V bytes it reads: the pages of each sequence's ``kv_len``.
+- a function calling JAX's megablox grouped matmul (``gmm``, ``tgmm``): lowered for a TPU, then run with the
+  kernels' definitions, their weight reads counted (:mod:`.megablox`);
 - any other function runs as JAX runs it on the CPU (a Pallas TPU kernel there fails, as it would).
 
 Tensor arguments must be on the ``tpu`` device; torch_tpu's dtype table and argument checks apply.
@@ -120,7 +122,9 @@ def jax_op(
 def _runner(fn: Callable[..., Any], jax: Any) -> Callable[[tuple], torch.Tensor]:
     kernel = _known_kernel(fn)
     if kernel is None:
-        return lambda tensors: _to_torch(fn(*[_to_jax(t, jax) for t in _checked(tensors)]))
+        from . import megablox  # JAX's grouped matmul: lowered for the chip, run as its definition
+
+        return lambda tensors: _to_torch(megablox.run(fn, jax, [_to_jax(t, jax) for t in _checked(tensors)]))
     return functools.partial(_ragged_paged_attention, fn, kernel, jax)
 
 
