@@ -47,7 +47,7 @@ EXPERTS = {
 def sizes(quick: bool) -> dict:
     if quick:
         return {"archs": ["qwen3_moe"], "rows": 4, "prompt": 12, "new": 4}
-    return {"archs": list(ARCHS), "rows": 4, "prompt": 24, "new": 12}
+    return {"archs": list(ARCHS), "rows": 8, "prompt": 24, "new": 12}
 
 
 # -------------------------------------------------------------------------------------------------
