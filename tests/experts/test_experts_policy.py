@@ -27,6 +27,7 @@ def test_the_kernel_path_is_taken_on_tpu_with_jax_and_its_kernel_for_float32_and
         (policy.ExpertsFacts(), "JAX is not installed"),
         (policy.ExpertsFacts(jax="0.4.20", jax_op=True), "no megablox grouped matmul"),
         (policy.ExpertsFacts(jax="0.10.2", kernel=True), "no torch.tpu.pallas.jax_op"),
+        (policy.ExpertsFacts(distributed_weights=True, **READY), "DTensors"),
     ],
 )
 def test_anything_else_keeps_transformers_grouped_mm(facts, reason):

@@ -52,6 +52,7 @@ class ExpertsFacts:
     has_bias: bool = False
     transposed: bool = False  # weights [experts, in, out] (gpt-oss) rather than [experts, out, in]
     expert_parallel: bool = False  # local experts of an expert-parallel plan (ids past them are other ranks')
+    distributed_weights: bool = False  # the weights are DTensors (FSDP, a tensor-parallel plan sharding them)
     jax: str | None = None  # the installed JAX version, or None
     kernel: bool = False  # the megablox module imports
     jax_op: bool = False  # torch.tpu.pallas.jax_op exists
@@ -68,6 +69,8 @@ def experts_path(facts: ExpertsFacts) -> tuple[str, str]:
     """
     if not facts.tpu:
         return "upstream", "not on a TPU"
+    if facts.distributed_weights:
+        return "upstream", "the experts' weights are DTensors (FSDP or a plan sharding them inside an expert)"
     if facts.dtype not in KERNEL_DTYPES:
         return "upstream", f"{facts.dtype} weights (the kernel multiplies float32 or bfloat16)"
     if facts.jax is None:

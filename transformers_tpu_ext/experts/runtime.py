@@ -135,6 +135,7 @@ def experts_facts(
         has_bias=bool(module.has_bias),
         transposed=bool(module.is_transposed),
         expert_parallel=bool(getattr(module, "_is_expert_parallel", False)),
+        distributed_weights=_is_dtensor(_weights(module)[0]),
         jax=jax_version,
         kernel=kernel,
         jax_op=jax_op,
@@ -151,6 +152,16 @@ def model_facts(model: Any) -> policy.ExpertsFacts | None:
             environment_facts = environment() if is_tpu(model.device) else (None, False, False)
             return experts_facts(module, next(module.parameters()), *environment_facts)
     return None
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    import torch.distributed
+
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 def _weights(module: Any) -> tuple[Any, Any, Any, Any]:
