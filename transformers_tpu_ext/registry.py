@@ -59,6 +59,8 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "sentence_transformers_encode": "inference",
         "accelerate_rng": "training",
         "trainer_losses": "training",
+        "experts": "experts",
+        "experts_decode": "experts",
     }
 )
 
@@ -69,6 +71,7 @@ REGISTRY: tuple[str, ...] = tuple(PATCHES)
 #: compile cache, the recompile guard, TorchDynamo's recompile limit) has settings and no patch of its own.
 CAPABILITIES: tuple[str, ...] = (
     "placement", "kernels", "generation", "parallelism", "serving", "quantization", "training", "compilation", "inference",
+    "experts",
 )
 
 

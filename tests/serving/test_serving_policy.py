@@ -204,7 +204,9 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
     # Issue 18, item 3 ("safe when"): the TPU path gives the model a dispatching attention; models
     # whose attention it would not compute as upstream keep upstream's manager, unpatched.
     taken = [serving.ServeFacts(), serving.ServeFacts(attention="eager"), serving.ServeFacts(attention="paged|eager"),
-             serving.ServeFacts(layer_types=("sliding_attention", "full_attention"))]
+             serving.ServeFacts(layer_types=("sliding_attention", "full_attention")),
+             serving.ServeFacts(attention="eager", attention_sinks=True),  # gpt-oss: the paged attention has sinks
+             serving.ServeFacts(latent_cache="deepseek_v3"), serving.ServeFacts(latent_cache="deepseek_v2")]
     for facts in taken:
         assert serving.paged_path(facts)[0]
     refused = {
@@ -214,7 +216,7 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
         "flex_attention": serving.ServeFacts(attention="flex_attention"),
         "linear_attention": serving.ServeFacts(layer_types=("full_attention", "linear_attention")),
         "chunked_attention": serving.ServeFacts(layer_types=("chunked_attention",)),
-        "sinks": serving.ServeFacts(attention_sinks=True),
+        "multi-head latent attention": serving.ServeFacts(latent_cache="kimi_linear"),
         "eager_attention_forward": serving.ServeFacts(attention="eager", eager_function=False),
     }
     for reason, facts in refused.items():

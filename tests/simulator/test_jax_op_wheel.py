@@ -175,3 +175,33 @@ def test_the_wheel_registers_and_lowers_every_kernel_variant_the_plugin_register
         with jax.sharding.use_abstract_mesh(mesh):
             out = op(q, pages, *ints, sm_scale=scale, sliding_window=window, soft_cap=cap)
         assert out.shape == q.shape and out.dtype == dtype
+
+
+# --- the experts' grouped matmuls (experts.kernel), registered and lowered by the wheel --------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_wheel_registers_and_lowers_the_experts_grouped_matmuls(wheel, dtype):
+    from transformers_tpu_ext.experts import kernel as experts_kernel
+    from transformers_tpu_ext.experts import policy as experts_policy
+
+    pytest.importorskip(experts_policy.KERNEL)
+    gmm, tgmm = experts_kernel._functions()
+    m, k, n, groups = 64, 256, 512, 4  # 64 routed rows, hidden 256, expert width 512, 4 experts
+    calls = {
+        "gmm": (functools.partial(gmm, transpose_rhs=False), [(m, k), (groups, k, n)], (m, n)),
+        "gmm_t": (functools.partial(gmm, transpose_rhs=True), [(m, k), (groups, n, k)], (m, n)),
+        "tgmm": (tgmm, [(k, m), (m, n)], (groups, k, n)),
+    }
+    mesh = jax.sharding.AbstractMesh(
+        (1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+        abstract_device=jax.sharding.AbstractDevice(simulated.DEVICE_KINDS["v6e"], 1, "tpu"),
+    )
+    for name, (fn, shapes, expected) in calls.items():
+        schema, op = _wheel_schema(wheel, fn)
+        assert schema == _normalized(simulated.op_schema(fn)), name
+        args = [torch.empty(shape, dtype=dtype, device="meta") for shape in shapes]
+        args.append(torch.empty(groups, dtype=torch.int32, device="meta"))
+        with jax.sharding.use_abstract_mesh(mesh):
+            out = op(*args)
+        assert tuple(out.shape) == expected and out.dtype == dtype, name

@@ -138,6 +138,8 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         return None
     lengths = _length_plan(model, call, generation_config, settings, plan)
     if lengths is not None and lengths.upstream:
+        if lengths.warn:
+            warn_once(f"generate() runs unpatched on TPU: {lengths.reason}")
         logger.debug("transformers-tpu-ext: generate() left to upstream: %s", lengths.reason)
         return None
     logger.debug(

@@ -212,6 +212,7 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
 
     from ..generation.static_cache import text_layer_types
 
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return serving.ServeFacts(
         tp=_tp_facts(model),
         encoder_decoder=bool(model.config.is_encoder_decoder),
@@ -219,6 +220,7 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
+        latent_cache=str(config.model_type) if getattr(config, "kv_lora_rank", None) is not None else "",
     )
 
 
@@ -285,20 +287,24 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.decode_compile_config = None
     # every step shape is a recompilation of one function (past the limit TorchDynamo runs it eagerly)
     recompile_limit.require("serve", len(plan.shapes))
+    facts = _serve_facts(init.model)
     plan.kv_cache, why = serving.kv_cache_path(
-        init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
+        init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch."), latent=bool(facts.latent_cache)
     )
     logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
     from . import ragged
 
-    facts = _serve_facts(init.model)
     local = None
     if facts.tp.tp_size > 1:  # each rank's own heads (serving.tensor_parallel)
         local, plan.kv_head_split = tensor_parallel.local_heads(facts.tp), tensor_parallel.kv_split(facts.tp)
         plan.local_heads = local
-    plan.attention, plan.kernel_variant = ragged.choose(
-        init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local, page_size=plan.page_size
-    )
+    if facts.latent_cache:  # the kernel reads keys and values; the model expands the latents it is given itself
+        ragged.describe("paged", "multi-head latent attention (the kernel takes keys and values, not latents)")
+        plan.attention, plan.kernel_variant = "paged", None
+    else:
+        plan.attention, plan.kernel_variant = ragged.choose(
+            init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local, page_size=plan.page_size
+        )
     resolved.tpu_plan = plan
 
 

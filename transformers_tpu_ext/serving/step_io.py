@@ -13,7 +13,7 @@ from typing import Any
 
 from . import policy as serving
 from . import ragged
-from .runtime import paged_cache_class
+from .runtime import latent_kv_bytes, paged_cache_class
 
 __all__ = ["io_class"]
 
@@ -135,7 +135,11 @@ def _io_prepare_batch_tensors(
     )
     self.num_request_in_batch, self.num_q_tokens = real_requests, q
     self.plan.stats.record(real_tokens, real_requests, (q, s))
-    self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens * (real_tokens == real_requests))
+    if hasattr(self.allocator, "_latent_token_views"):  # multi-head latent attention: each request reads its rows
+        kv = latent_kv_bytes(self.plan, self.allocator, kv_lens, s)
+    else:
+        kv = ragged.kv_bytes(self.plan, self.allocator, kv_lens, q)
+    self.plan.stats.record_kv(*kv, real_tokens * (real_tokens == real_requests))
 
 
 def _io_prepare_warmup_batch(self, q: int, s: int) -> None:

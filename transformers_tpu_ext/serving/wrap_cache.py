@@ -106,11 +106,14 @@ def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
 
     # under TP, upstream's handler divides the heads by the cache's split, not by what a rank computes
     heads, kv_heads = plan.local_heads or (handler.num_attention_heads, handler.num_key_value_heads)
+    head_dim, config = find_head_dim(handler.config), handler.config
+    if getattr(config, "kv_lora_rank", None) is not None:  # MLA: the latents read are expanded to every head
+        kv_heads, head_dim = heads, -(-(config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) // 2)
     return serving.step_bytes(
         plan,
         heads=heads,
         kv_heads=kv_heads,
-        head_dim=find_head_dim(handler.config),
+        head_dim=head_dim,
         itemsize=handler.activation_dtype.itemsize,
         vocab_size=handler.config.vocab_size,
         activation_bytes_per_token=handler.bytes_per_batch_token,

@@ -251,8 +251,11 @@ def _kernel_module() -> Any:
 
 
 def _uses_kernel(fn: Any) -> bool:
-    """Whether ``fn`` may call JAX's ragged paged attention kernel (its module is imported)."""
-    return _kernel_module() is not None
+    """Whether ``fn`` may call a Pallas TPU kernel the simulator knows: JAX's ragged paged attention or its
+    megablox grouped matmul (their module is imported)."""
+    from . import megablox
+
+    return _kernel_module() is not None or megablox.imported()
 
 
 _lowered: set = set()
@@ -291,8 +294,17 @@ def _lower_once(name: str, call: Callable, arrays: dict, jax: Any) -> None:
 
 @contextlib.contextmanager
 def _kernel_on_cpu() -> Any:
-    """While a JAX function runs on the CPU: JAX's ragged paged attention kernel is its runtime checks and
-    its reference (a Pallas TPU kernel cannot run here)."""
+    """While a JAX function runs on the CPU (a Pallas TPU kernel cannot run here): JAX's ragged paged attention
+    kernel is its runtime checks and its reference, megablox's ``gmm``/``tgmm`` their definitions
+    (:mod:`.megablox`, which counts their weight reads)."""
+    from . import megablox
+
+    with megablox.on_cpu(), _ragged_on_cpu():
+        yield
+
+
+@contextlib.contextmanager
+def _ragged_on_cpu() -> Any:
     module = _kernel_module()
     if module is None:
         yield

@@ -19,6 +19,7 @@ from . import (
     factories,
     foreach,
     generators,
+    grouped_ops,
     pinned,
     process_group,
     quantized_ops,
@@ -131,6 +132,7 @@ def _register_torch() -> None:
     autocast.register()
     random_ops.register()
     quantized_ops.register()
+    grouped_ops.register()
     synchronize.register()
     foreach.register()
     tensor_data.register()

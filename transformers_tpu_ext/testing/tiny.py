@@ -23,7 +23,9 @@ Architectures (:data:`ARCHITECTURES`), one per decoder family Transformers ships
     phi3      partial rotary (half of each head), GQA
     gpt_neox  partial rotary (a quarter of each head), parallel residual
 
-and ``glm4`` (2 KV heads for 8 query heads), a stand-in for GLM-4 in the tensor-parallel docs.
+and ``glm4`` (2 KV heads for 8 query heads), a stand-in for GLM-4 in the tensor-parallel docs; the
+mixture-of-experts families (:data:`MOE_ARCHITECTURES`): ``mixtral``, ``qwen3_moe``, ``gpt_oss`` (attention
+sinks) and ``deepseek_v3`` (multi-head latent attention).
 :func:`save_hub_stand_in` puts one in a Hugging Face cache under a Hub name.
 """
 
@@ -36,6 +38,7 @@ from typing import Any
 __all__ = [
     "ARCHITECTURES",
     "DEFAULT_INITIALIZER_RANGE",
+    "MOE_ARCHITECTURES",
     "TINY_TEXT",
     "check_context_sensitive",
     "save_hub_stand_in",
@@ -120,6 +123,37 @@ _ARCHS["glm4"] = (  # GLM-4-9B-0414's trait: 2 KV heads for many query heads (te
     "glm4",
     dict(_COMMON, num_attention_heads=8, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False),
 )
+
+
+# Mixture-of-experts families (built like the others, not in ARCHITECTURES: the MoE tests run them): experts
+# through Transformers' experts interface (``grouped_mm`` by default), routers of each kind.
+_MOE = dict(_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+_ARCHS["mixtral"] = ("mixtral", dict(_MOE, num_local_experts=4, num_experts_per_tok=2))  # softmax top-2 router
+_ARCHS["qwen3_moe"] = (  # 8 experts, top-2, every layer sparse
+    "qwen3_moe",
+    dict(_MOE, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[]),
+)
+_ARCHS["gpt_oss"] = (  # attention sinks, sliding and full layers, transposed experts with biases and a clamped gate
+    "gpt_oss",
+    dict(
+        _MOE, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={  # gpt-oss's YaRN, its original length scaled down with the tiny max length (512 / 32)
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 16,
+        },
+    ),
+)
+_ARCHS["deepseek_v3"] = (  # multi-head latent attention, a dense first layer, grouped top-k routing, a shared expert
+    "deepseek_v3",
+    dict(
+        _COMMON, moe_intermediate_size=16, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+    ),
+)
+#: The mixture-of-experts architectures :func:`tiny_config` builds (context-sensitive too).
+MOE_ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
 
 
 def tiny_tokenizer(vocab_size: int = 320) -> Any:
