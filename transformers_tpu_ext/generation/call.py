@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.wrapping import fail_safe
+from ..core.wrapping import fail_safe, warn_once
 from . import config as settings_module
 from . import policy
 from .views import Padding
@@ -46,6 +46,8 @@ class CallState:
     #: The device of the call's inputs (where upstream's loop would keep its tensors and draw its samples).
     input_device: Any = None
     user_callbacks: frozenset = frozenset()
+    #: The vision-language plan of a padded call with media inputs (``multimodal.media_plan``), else ``None``.
+    media: Any = None
 
 
 #: The call in flight in this thread or task (``None`` outside a TPU ``generate()``).
@@ -149,3 +151,11 @@ def report_failure(where: str, error: Exception) -> None:
         logger.warning(
             "transformers-tpu-ext: %s failed (%s: %s); falling back to the unpatched call", where, type(error).__name__, error
         )
+
+
+def warn_unaccelerated(model: Any, where: str, reason: str, hint: str | None) -> None:
+    """One WARNING per model class and reason for a call the plugin does not accelerate (``policy.notice``;
+    nothing for the caller's own choices, which ``TRANSFORMERS_VERBOSITY=debug`` shows)."""
+    message = policy.notice(type(model).__name__, where, reason, hint)
+    if message is not None:
+        warn_once(message)

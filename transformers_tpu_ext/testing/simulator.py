@@ -132,6 +132,18 @@ def _register_torch() -> None:
     synchronize.register()
     foreach.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
+    _untraced_by_dynamo()
+
+
+def _untraced_by_dynamo() -> None:
+    """TorchDynamo never traces the simulator's own frames (its op dispatch is torch_tpu's C++ on a chip).
+
+    Where a compiled function breaks its graph (``.item()``, ``torch._check_tensor_all``: Transformers'
+    placeholder checks), the eager op in between runs the simulator's Python dispatch under Dynamo's frame
+    callback; Dynamo would try to compile those frames and fail in them. Skipped like torch's own files."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.add(__package__)
 
 
 def install(
