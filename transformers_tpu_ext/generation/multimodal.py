@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["FAMILIES", "PER_ROW_PADDING", "Family", "MediaCall", "MediaPlan", "media_plan"]
+__all__ = ["FAMILIES", "PER_ROW_PADDING", "Family", "MediaCall", "MediaPlan", "media_plan", "warmup_image_sets"]
 
 #: Per-column inputs the plugin pads, and the value of their padding columns (0: text).
 PER_ROW_PADDING: Mapping[str, int] = {"token_type_ids": 0, "mm_token_type_ids": 0}
@@ -108,3 +108,15 @@ def media_plan(call: MediaCall) -> MediaPlan:
         return MediaPlan(False, "the model does not encode its images before the prefill (no mm_encoder_outputs)")
     what = "images" if call.per_item else "text only"
     return MediaPlan(True, f"{call.family} ({what}): {family.note}", True, family.positions_read & call.per_item)
+
+
+def warmup_image_sets(rows: int, kinds: int) -> list[tuple[int, ...]]:
+    """The image sequences a warm-up runs for a batch of ``rows`` rows and ``kinds`` image sizes: every
+    sequence of 0 to ``rows`` images (one a row, the first rows), each of one of the sizes (by index), in
+    every order (the vision tower's programs are keyed by the sizes in order: ``torch.split`` sizes)."""
+    sets: list[tuple[int, ...]] = [()]
+    frontier: list[tuple[int, ...]] = [()]
+    for _ in range(rows):
+        frontier = [seq + (kind,) for seq in frontier for kind in range(kinds)]
+        sets.extend(frontier)
+    return sets
