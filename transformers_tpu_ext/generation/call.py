@@ -98,12 +98,15 @@ def model_kind(model: Any) -> policy.ModelKind:
     from .static_cache import text_layer_types
 
     parameters = inspect.signature(model.forward).parameters
+    encoder_decoder = bool(model.config.is_encoder_decoder)
+    positions = "decoder_position_ids" if encoder_decoder else "position_ids"  # the decoder's, for an encoder-decoder
     return policy.ModelKind(
-        encoder_decoder=bool(model.config.is_encoder_decoder),
+        encoder_decoder=encoder_decoder,
+        family=getattr(model.config, "model_type", None),
         supports_default_cache=model._supports_default_dynamic_cache(),
         layer_types=text_layer_types(model),
         accepts_attention_mask="attention_mask" in parameters,
-        accepts_position_ids="position_ids" in parameters,
+        accepts_position_ids=positions in parameters,
         custom_mask_function=custom_masks(model),
         causal=getattr(model.config, "is_causal", True) is not False,
     )

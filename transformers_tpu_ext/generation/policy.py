@@ -107,6 +107,7 @@ class ModelKind:
     accepts_position_ids: bool = True  # else it derives positions itself (from the cache, the columns...)
     custom_mask_function: bool = False  # it overrides create_masks_for_generate (multimodal models)
     causal: bool = True  # config.is_causal
+    family: str | None = None  # config.model_type
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class CallFacts:
 
     mode: str  # GenerationMode value, or "custom" for custom_generate
     encoder_decoder: bool = False
+    family: str | None = None  # config.model_type
     inputs: str = "input_ids"  # "input_ids", "inputs_embeds" or "other" (pixel values, audio...)
     ids_bucketable: bool = True  # a 2D integer prompt with at least one token
     other_batched_inputs: bool = False  # per-row tensors we would have to pad too
@@ -180,6 +182,7 @@ def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape,
     return CallFacts(
         mode=call.mode,
         encoder_decoder=model.encoder_decoder,
+        family=model.family,
         inputs=call.inputs,
         ids_bucketable=call.ids_bucketable,
         other_batched_inputs=call.other_batched_inputs,
@@ -211,6 +214,7 @@ class CallPlan:
     static_cache: bool = False  # pick cache_implementation="static" (the caller asked for no cache)
     bucket: bool = False  # pad prompt length, batch and cache length to buckets
     pad_batch: bool = False  # dummy rows may round the batch up (never when they would draw random numbers)
+    pad_prompt: bool = True  # with ``bucket``: the prompt too (an encoder-decoder call: the cache length only)
     #: What helps when the call is not accelerated for a reason that is not the caller's own setting (the
     #: WARNING names it, once per model and reason: :func:`notice`); ``None``: the caller chose it (DEBUG only).
     hint: str | None = field(default=None, compare=False)
@@ -289,15 +293,15 @@ CALLER_CHOICES = (
 )
 
 #: Why an encoder-decoder model's call is upstream's (the glue says it before any planning).
-ENCODER_DECODER = "encoder-decoder model: its encoder needs the inputs on the device"
+ENCODER_DECODER = "encoder-decoder model"
 
 
 def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallPlan:
     """Decide how a ``generate()`` call runs on TPU (``static_cache``/``bucketing``: the settings)."""
-    if facts.encoder_decoder:
-        return CallPlan(True, ENCODER_DECODER, hint=MODEL_DOCS)
     if facts.mode not in HANDLED_MODES:
         return CallPlan(True, f"{facts.mode} decoding is left to upstream", hint=PATHS_DOCS)
+    if facts.encoder_decoder:
+        return _encoder_decoder_plan(facts, static_cache, bucketing)
     if facts.inputs == "other":
         return CallPlan(True, "non-text main input (pixel values, audio...) is left to upstream", hint=MODEL_DOCS)
     if facts.token_healing:
@@ -318,6 +322,22 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
     # stream away from the unpatched call's: sampling on the host runs with the batch as given.
     pad_batch = not facts.do_sample or (facts.device_decode_possible and facts.mode in DEVICE_MODES)
     return CallPlan(False, "bucketed", static_cache=default_static, bucket=True, pad_batch=pad_batch)
+
+
+def _encoder_decoder_plan(facts: CallFacts, static_cache: bool, bucketing: bool) -> CallPlan:
+    """An encoder-decoder call (``seq2seq.ENCODER_DECODER_FAMILIES``): the static cache (upstream's own
+    ``EncoderDecoderCache`` of static caches), its length rounded up to a bucket; the decoder's prompt and the
+    batch as given. Any other family is upstream's."""
+    from .seq2seq import ENCODER_DECODER_FAMILIES
+
+    if facts.family not in ENCODER_DECODER_FAMILIES:
+        return CallPlan(True, f"{ENCODER_DECODER} ({facts.family}: not read)", hint=MODEL_DOCS)
+    kind, why = cache_choice(facts, static_cache=static_cache)
+    if kind is None:
+        return CallPlan(True, why, hint=None if why.startswith(CALLER_CHOICES) else MODEL_DOCS)
+    reason = f"{facts.family}: {ENCODER_DECODER_FAMILIES[facts.family]}"
+    return CallPlan(False, reason if bucketing else "bucketing disabled", static_cache=kind == "default",
+                    bucket=bucketing, pad_prompt=False)
 
 
 def _why_not_bucketed(facts: CallFacts, bucketing: bool) -> str | None:
@@ -355,6 +375,7 @@ class LoopFacts:
     #: Model inputs upstream's ``prepare_inputs_for_generation`` drops after the prefill (pixel values, pre-encoded
     #: features: ``MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL``), so no decode step reads them.
     prefill_only: frozenset[str] = frozenset()
+    encoder_decoder: bool = False
 
 
 @dataclass(frozen=True)
@@ -394,6 +415,8 @@ def decode_path(facts: LoopFacts) -> DecodePath:
         return DecodePath(False, "device decoding disabled")
     if facts.mode not in DEVICE_MODES:
         return DecodePath(False, f"{facts.mode} runs upstream's loop")
+    if facts.encoder_decoder:
+        return DecodePath(False, "an encoder-decoder model runs upstream's loop (the device loop is for decoders)", MODEL_DOCS)
     masks = mask_path(facts)
     if not masks.device:
         return DecodePath(False, "the device loop needs the call's device mask: " + masks.reason, masks.hint)

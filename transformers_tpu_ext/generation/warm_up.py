@@ -63,6 +63,8 @@ def precompile(
     rows = buckets.warmup_rows(batch_sizes, largest.batch, settings.batch_buckets, sampling=sampling)
     prompts = buckets.warmup_prompts(max_prompt_length, settings.prompt_ladder(), settings.prefill_chunk)
     token = _token(model)
+    if model.config.is_encoder_decoder:
+        return _precompile_encoder_decoder(model, rows, max_new_tokens, cache, {"do_sample": sampling, **generate_kwargs})
     if processor is not None and images:
         return _precompile_media(model, processor, list(images), rows, prompts, cache, token,
                                  {"do_sample": sampling, **generate_kwargs}, settings)
@@ -138,6 +140,28 @@ def _precompile_media(
                            **{"eos_token_id": None, "cache_implementation": "static", **kwargs})
             compiled.append(buckets.Plan(batch, prompt, buckets.prefill_chunk(prompt, settings.prefill_chunk), cache))
             progress.step(f"compiled batch {batch} x prompt {prompt} tokens, {len(seq)} images (cache {cache})")
+    return compiled
+
+
+def _precompile_encoder_decoder(model: Any, rows: list, max_new_tokens: int, cache: int, kwargs: dict) -> list[buckets.Plan]:
+    """:func:`precompile` for an encoder-decoder model (``seq2seq``: Whisper's fixed 30-s features): each batch
+    size makes 1 to ``max_new_tokens`` tokens (end of sequence suppressed), so its decode step, the cache length
+    and the post-processing of every transcript length (Whisper's ``generate()`` pads them on the device) exist."""
+    import torch
+
+    encoder = model.get_encoder()
+    frames = model.config.max_source_positions * encoder.conv1.stride[0] * encoder.conv2.stride[0]
+    eos = model.generation_config.eos_token_id
+    suppress = [*(model.generation_config.suppress_tokens or ()), *(eos if isinstance(eos, (list, tuple)) else [eos])]
+    compiled = []
+    with Progress(len(rows) * max_new_tokens, desc="warmup", unit="call") as progress:
+        for batch in rows:
+            features = torch.zeros((batch, model.config.num_mel_bins, frames), dtype=model.dtype, device=model.device)
+            for new in range(1, max_new_tokens + 1):
+                model.generate(features, max_new_tokens=new, max_cache_len=cache,
+                               **{"suppress_tokens": suppress, "cache_implementation": "static", **kwargs})
+                progress.step(f"batch {batch}, {new} new tokens (cache {cache})")
+            compiled.append(buckets.Plan(batch, 0, 0, cache))
     return compiled
 
 

@@ -101,6 +101,7 @@ def _loop_facts(model: Any, state: CallState, arguments: dict) -> policy.LoopFac
         use_cache=arguments.get("use_cache") is not False,
         causal=getattr(model.config, "is_causal", True) is not False,
         prefill_only=_prefill_only(),
+        encoder_decoder=bool(model.config.is_encoder_decoder),
     )
 
 
