@@ -104,3 +104,61 @@ def test_whisper_second_half_compiles_nothing_and_warmup_covers_all(simulated_tp
         with cache_only(f"whisper call {index}"):
             out = model.generate(features.to("tpu"), max_new_tokens=new)
         assert torch.equal(out.cpu(), cpu)
+
+
+# -------------------------------------------------------------------------------------------------
+# Bad input: the CPU's error, nothing lost
+
+
+def _error(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - compared as the user sees it
+        return type(error).__name__, str(error)
+    return None
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3", "qwen2_vl"])
+def test_a_prompt_with_more_image_tokens_than_images_fails_as_on_the_cpu(simulated_tpu, family):
+    model, processor = tiny_vlm.tiny_vlm(family)
+    image = tiny_vlm.vlm_images(1)
+    placeholder = tiny_vlm._PLACEHOLDER[family]
+    # The processor refuses it as it always does (the plugin is not involved)...
+    rejected = _error(lambda: processor(text=[f"{placeholder} {placeholder} hi"], images=[image], return_tensors="pt"))
+    assert rejected is not None and rejected[0] == "ValueError"
+    # ... and ids built by hand with one image token too many fail in generate() with the CPU's error.
+    good = dict(processor(text=[f"{placeholder} hello world"], images=[image], return_tensors="pt"))
+    bad = {name: value.clone() for name, value in good.items()}
+    bad["input_ids"][0, -2] = model.config.image_token_id
+    for name in ("token_type_ids", "mm_token_type_ids"):
+        if name in bad:
+            bad[name][0, -2] = 1
+    on_cpu = _error(lambda: model.generate(**bad, max_new_tokens=3, do_sample=False))
+    model.to("tpu")
+    on_tpu = _error(lambda: model.generate(**_on_tpu(bad), max_new_tokens=3, do_sample=False))
+    assert on_cpu is not None and on_tpu == on_cpu
+    # The model still serves the next, good call.
+    model.to("cpu")
+    expected = model.generate(**good, max_new_tokens=3, do_sample=False)
+    model.to("tpu")
+    assert torch.equal(model.generate(**_on_tpu(good), max_new_tokens=3, do_sample=False).cpu(), expected)
+
+
+def test_an_image_the_processor_rejects_is_the_processors_error(simulated_tpu):
+    import numpy as np
+    from PIL import Image
+
+    _, processor = tiny_vlm.tiny_vlm("qwen2_vl")
+    thin = Image.fromarray(np.zeros((1, 300, 3), dtype=np.uint8))  # Qwen-VL's smart_resize refuses a 300:1 image
+    error = _error(lambda: processor(text=["<|vision_start|><|image_pad|><|vision_end|> hi"], images=[[thin]],
+                                     return_tensors="pt"))
+    assert error is not None and error[0] == "ValueError" and "aspect ratio" in error[1]
+
+
+def test_audio_longer_than_30_s_without_timestamps_is_whispers_error(simulated_tpu):
+    model, _ = tiny_media.tiny_whisper_generation()
+    long = torch.randn(1, 16, 45)  # longer than the model's 20 frames ("30 s" for the tiny model)
+    on_cpu = _error(lambda: model.generate(long, max_new_tokens=4))
+    model.to("tpu")
+    on_tpu = _error(lambda: model.generate(long.to("tpu"), max_new_tokens=4))
+    assert on_cpu is not None and on_tpu == on_cpu

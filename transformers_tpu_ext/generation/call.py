@@ -46,8 +46,10 @@ class CallState:
     #: The device of the call's inputs (where upstream's loop would keep its tensors and draw its samples).
     input_device: Any = None
     user_callbacks: frozenset = frozenset()
-    #: The vision-language plan of a padded call with media inputs (``multimodal.media_plan``), else ``None``.
+    #: The vision-language plan of a padded call with media inputs (``multimodal.media_plan``), else ``None``,
+    #: and its padded token ids (for the model's own placeholder check, ``wrap_media``).
     media: Any = None
+    media_ids: Any = None
 
 
 #: The call in flight in this thread or task (``None`` outside a TPU ``generate()``).

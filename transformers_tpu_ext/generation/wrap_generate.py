@@ -229,6 +229,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             mask = torch.cat([mask, mask[:1].expand(padded_rows - real_rows, -1)], dim=0)
         call[main_name] = ids
         call["attention_mask"] = mask
+        state.media_ids = ids if media is not None else None
         state.padding = Padding(pad=pad, real_batch=real_rows, padded_batch=padded_rows)
         if call.get("streamer") is not None and state.padding:
             call["streamer"] = StreamerView(call["streamer"], state.padding)

@@ -5,7 +5,10 @@
   placeholders (image tokens) replaced by the pad token and masked, so the dummy rows hold no image;
 - :func:`prepare_multimodal_encoder` (wraps ``GenerationMixin._prepare_multimodal_encoder_kwargs_for_generation``
   in a handled call): upstream's image encoder gets its inputs on the model's device (the call keeps
-  ``image_grid_thw`` beside the token ids, on the host, for the M-RoPE positions read before it).
+  ``image_grid_thw`` beside the token ids, on the host, for the M-RoPE positions read before it); then, as the
+  unpadded call's unchunked prefill would, the model's own ``get_placeholder_mask`` checks that the prompt holds
+  as many placeholders as the images have features, so a prompt with more image tokens than images fails with
+  the model's own error (the one-piece prefill would fail elsewhere, in upstream's chunk slicing).
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def prepare_multimodal_encoder(wrapped: Any, instance: Any, args: tuple, kwargs:
     # keeps image_grid_thw on the host (the positions read it with the ids); the encoder gets it, and the
     # pixels, on the model's device.
     state = CURRENT.get()
-    if state.media is None or not state.media.host:
+    if state.media is None:
         return wrapped(*args, **kwargs)
     model_kwargs = kwargs.get("model_kwargs", args[0] if args else None)
     device = instance.device
@@ -98,4 +101,26 @@ def prepare_multimodal_encoder(wrapped: Any, instance: Any, args: tuple, kwargs:
         value = model_kwargs.get(name)
         if value is not None and value.device != device:
             model_kwargs[name] = value.to(device)
-    return wrapped(*args, **kwargs)
+    result = wrapped(*args, **kwargs)
+    check = _placeholder_check(instance, state.media_ids, result)
+    if check is not None:
+        check()  # the model's own error, as the unpadded call raises it
+    return result
+
+
+def _placeholder_check(model: Any, ids: Any, model_kwargs: Any) -> Any:
+    """The model's ``get_placeholder_mask`` over the call's ids and its images' features (a callable), or ``None``
+    where it cannot be called so (a family whose method takes other arguments: the call goes on)."""
+    import inspect
+
+    import torch
+
+    outputs = (model_kwargs or {}).get("mm_encoder_outputs") or {}
+    image = outputs.get("image")
+    check = getattr(getattr(model, "model", None), "get_placeholder_mask", None)
+    if image is None or ids is None or check is None or "image_features" not in inspect.signature(check).parameters:
+        return None
+    pooled = image["pooler_output"]  # as the model's forward takes it: a tensor, or pieces it concatenates
+    features = torch.cat([p.detach().cpu() for p in pooled]) if isinstance(pooled, (list, tuple)) else pooled.detach().cpu()
+    embeds = torch.empty((*ids.shape, features.shape[-1]), dtype=features.dtype)
+    return lambda: check(ids.cpu(), inputs_embeds=embeds, image_features=features)
