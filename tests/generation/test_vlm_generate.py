@@ -97,6 +97,7 @@ def test_whisper_second_half_compiles_nothing_and_warmup_covers_all(simulated_tp
         before = simulated_tpu.counters()
         out = model.generate(features.to("tpu"), max_new_tokens=new)
         programs.append((simulated_tpu.counters() - before).programs)
+        assert out.device.type == "tpu"  # Whisper's result where upstream's is (patch_whisper_generate)
         assert torch.equal(out.cpu(), cpu)
     assert sum(programs[6:]) == 0, programs
     transformers_tpu_ext.warmup(model, max_prompt_length=1, max_new_tokens=8, batch_sizes=[1, 2])

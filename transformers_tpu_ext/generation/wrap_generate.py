@@ -138,7 +138,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             warn_once(policy.kv_cache_choice(policy.KVFacts(None, "quantized"), settings.kv_cache)[1])
         return None
     if facts.encoder_decoder:
-        return _plan_encoder_decoder(model, call, generation_config, settings, plan, facts)
+        return wrap_media.plan_encoder_decoder(model, call, settings, plan)
     lengths = _length_plan(model, call, generation_config, settings, plan)
     if lengths is not None and lengths.upstream:
         logger.debug("transformers-tpu-ext: generate() left to upstream: %s", lengths.reason)
@@ -242,30 +242,6 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             set_option("prefill_chunk_size", shapes.prompt if media is not None and media.one_piece else prefill_chunk)
             state.forced_chunk = True
     return call, state, out_device
-
-
-def _plan_encoder_decoder(model: Any, call: dict, generation_config: Any, settings: Any, plan: Any, facts: Any) -> Any:
-    """An encoder-decoder call (``policy._encoder_decoder_plan``): the static cache where the caller asked for
-    none, its length bucketed (``wrap_prepare``); inputs, prompt and batch as given, on the devices given (the
-    encoder runs before the loop, on the model's device; upstream grows the decoder's tensors beside them).
-
-    The result comes back on the host: this ``generate()`` is the one Whisper's own ``generate()`` calls for
-    each 30-s segment (``seq2seq``), whose post-processing reads every row's tokens one by one (a new program
-    per transcript length on the device) before it puts its own result on the model's device."""
-    logger.debug("transformers-tpu-ext: generate() handled: %s static cache; %s",
-                 "the plugin's default" if plan.static_cache else "the caller's", "encoder-decoder, cache length bucketed")
-    call = dict(call)
-    main = call.get("inputs") if call.get("inputs") is not None else call.get(model.main_input_name)
-    state = CallState(settings=settings, plan=plan, input_device=getattr(main, "device", None))
-    if plan.static_cache:
-        if call.get("generation_config") is not None:
-            call["generation_config"] = copy.deepcopy(call["generation_config"])
-            call["generation_config"].cache_implementation = "static"
-        else:
-            call["cache_implementation"] = "static"
-    import torch
-
-    return call, state, torch.device("cpu")
 
 
 def _callbacks_on_caller_device(call: dict, state: CallState, device: Any) -> None:

@@ -1,4 +1,4 @@
-"""Vision-language ``generate()`` calls padded to buckets: the glue of ``multimodal.media_plan``.
+"""Vision-language ``generate()`` calls padded to buckets (the glue of ``multimodal.media_plan``), and Whisper's.
 
 - :func:`media_facts`: what ``multimodal.media_plan`` decides from, read off the model and the call;
 - :func:`pad_media`: the call's per-column inputs padded on the left with text (0), and the dummy rows'
@@ -8,17 +8,21 @@
   ``image_grid_thw`` beside the token ids, on the host, for the M-RoPE positions read before it); then, as the
   unpadded call's unchunked prefill would, the model's own ``get_placeholder_mask`` checks that the prompt holds
   as many placeholders as the images have features, so a prompt with more image tokens than images fails with
-  the model's own error (the one-piece prefill would fail elsewhere, in upstream's chunk slicing).
+  the model's own error (the one-piece prefill would fail elsewhere, in upstream's chunk slicing);
+- :func:`plan_encoder_decoder`: an encoder-decoder call (``seq2seq``: Whisper) with the static cache.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from . import multimodal
-from .call import CURRENT, in_handled_call
+from .call import CURRENT, CallState, in_handled_call
 
-__all__ = ["media_facts", "pad_media", "placeholder_ids", "prepare_multimodal_encoder"]
+_logger = logging.getLogger("transformers_tpu_ext")
+
+__all__ = ["media_facts", "pad_media", "placeholder_ids", "plan_encoder_decoder", "prepare_multimodal_encoder"]
 
 #: Config fields naming the placeholder tokens features are scattered onto.
 _PLACEHOLDER_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "audio_token_id")
@@ -124,3 +128,29 @@ def _placeholder_check(model: Any, ids: Any, model_kwargs: Any) -> Any:
     features = torch.cat([p.detach().cpu() for p in pooled]) if isinstance(pooled, (list, tuple)) else pooled.detach().cpu()
     embeds = torch.empty((*ids.shape, features.shape[-1]), dtype=features.dtype)
     return lambda: check(ids.cpu(), inputs_embeds=embeds, image_features=features)
+
+
+def plan_encoder_decoder(model: Any, call: dict, settings: Any, plan: Any) -> Any:
+    """An encoder-decoder call (``policy._encoder_decoder_plan``): the static cache where the caller asked for
+    none, its length bucketed (``wrap_prepare``); inputs, prompt and batch as given, on the devices given (the
+    encoder runs before the loop, on the model's device; upstream grows the decoder's tensors beside them).
+
+    The result comes back on the host: this ``generate()`` is the one Whisper's own ``generate()`` calls for
+    each 30-s segment (``seq2seq``), whose post-processing reads every row's tokens one by one (a new program
+    per transcript length on the device) before it puts its own result on the model's device."""
+    import copy
+
+    import torch
+
+    which = "the plugin's default" if plan.static_cache else "the caller's"
+    _logger.debug("transformers-tpu-ext: generate() handled: %s static cache; encoder-decoder, cache length bucketed", which)
+    call = dict(call)
+    main = call.get("inputs") if call.get("inputs") is not None else call.get(model.main_input_name)
+    state = CallState(settings=settings, plan=plan, input_device=getattr(main, "device", None))
+    if plan.static_cache:
+        if call.get("generation_config") is not None:
+            call["generation_config"] = copy.deepcopy(call["generation_config"])
+            call["generation_config"].cache_implementation = "static"
+        else:
+            call["cache_implementation"] = "static"
+    return call, state, torch.device("cpu")
