@@ -51,6 +51,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "transformers_training_args": "training",
         "transformers_trainer": "training",
         "recompile_guard_generate": "generation",
+        "whisper_generate": "generation",
         "recompile_guard_serve": "serving",
         "recompile_guard_train": "training",
         "pipeline_buckets": "inference",

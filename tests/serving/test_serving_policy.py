@@ -212,6 +212,7 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
     refused = {
         "tensor parallelism": serving.ServeFacts(tp=serving.TPFacts(tp_size=2, heads=4, kv_heads=2)),
         "encoder-decoder": serving.ServeFacts(encoder_decoder=True),
+        "through generate()": serving.ServeFacts(media="images"),
         "flash_attention_2": serving.ServeFacts(attention="flash_attention_2"),
         "flex_attention": serving.ServeFacts(attention="flex_attention"),
         "linear_attention": serving.ServeFacts(layer_types=("full_attention", "linear_attention")),
@@ -315,3 +316,18 @@ def test_the_serve_kv_cache_setting_reads_its_variable_and_refuses_other_formats
     assert "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE='fp8'" in problem
     assert serving.configure(kv_cache="int8").kv_cache == "int8"
     serving.reset()
+
+
+def test_a_model_that_reads_images_is_served_through_generate():
+    # Issue 38: Transformers' continuous batching takes text only; a vision-language model's manager runs
+    # unpatched, and the one WARNING names what serves image requests on TPU: generate().
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, LlamaConfig
+
+    from transformers_tpu_ext.serving.patch_continuous_batching import _media
+
+    assert _media(AutoConfig.for_model("llava")) == "images"
+    assert _media(AutoConfig.for_model("qwen2_vl")) == "images"
+    assert _media(LlamaConfig()) is None
+    taken, why = serving.paged_path(serving.ServeFacts(media="images"))
+    assert not taken and "generate()" in why and "docs/generation.md" in why

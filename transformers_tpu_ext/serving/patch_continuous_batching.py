@@ -221,7 +221,14 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
         latent_cache=str(config.model_type) if getattr(config, "kv_lora_rank", None) is not None else "",
+        media=_media(model.config),
     )
+
+
+def _media(config: Any) -> str | None:
+    """What a model reads besides text, from its config's sub-configs (``serving.ServeFacts.media``)."""
+    found = [what for name, what in (("vision_config", "images"), ("audio_config", "audio")) if getattr(config, name, None) is not None]
+    return " and ".join(found) or None
 
 
 def _tp_facts(model: Any) -> serving.TPFacts:

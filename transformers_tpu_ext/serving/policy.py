@@ -115,6 +115,16 @@ class ServeFacts:
     attention_sinks: bool = False  # an attention module with learned sinks (gpt-oss): the paged attention's, not the kernel's
     eager_function: bool = True  # the model's file defines eager_attention_forward (the "eager" fallback)
     latent_cache: str = ""  # the model type, when its config has kv_lora_rank (a paged cache of MLA latents)
+    #: What else the model reads besides text ("images", "audio"...: a vision_config, an audio_config), or None.
+    media: str | None = None
+
+
+#: What to use instead of continuous batching for image, video or audio requests (the WARNING names it).
+MEDIA_REQUESTS = (
+    "Transformers' continuous batching takes text requests only (no images, video or audio); serve requests "
+    "with {media} through generate(), padded to buckets and compiled on TPU "
+    "(docs/generation.md#vision-language-speech-and-encoder-decoder-models)"
+)
 
 
 def paged_path(facts: ServeFacts) -> tuple[bool, str]:
@@ -124,6 +134,8 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
     sharded, why = tp_path(facts.tp)
     if not sharded:
         return False, f"tensor parallelism: {why}"
+    if facts.media is not None:
+        return False, f"a model that reads {facts.media}: " + MEDIA_REQUESTS.format(media=facts.media)
     if facts.encoder_decoder:
         return False, "an encoder-decoder model"
     if facts.attention not in PAGED_FALLBACKS:

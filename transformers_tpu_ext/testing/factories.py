@@ -90,4 +90,7 @@ def register(device: torch.device) -> None:
         # wrapper cannot be resized, so they get kernels that build the CPU tensor directly.
         for name in _RESIZING_FACTORIES:
             aten.impl(name, functools.partial(_fallback, _overload(name)), "PrivateUse1")
+        # ``torch.tensor([t, ...])`` of device scalars reads each with ``item()`` from C++ (Qwen-VL's
+        # get_rope_index); through the generic fallback PyTorch hits the same internal assert.
+        aten.impl("_local_scalar_dense", functools.partial(_fallback, _aten._local_scalar_dense.default), "PrivateUse1")
         _LIBRARY, _ATEN_LIBRARY = lib, aten

@@ -26,7 +26,6 @@ from . import (
     random_ops,
     serialization,
     synchronize,
-    tensor_data,
 )
 from . import chips as chips_module
 from . import report
@@ -135,7 +134,6 @@ def _register_torch() -> None:
     grouped_ops.register()
     synchronize.register()
     foreach.register()
-    tensor_data.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
 
 

@@ -52,6 +52,11 @@ class ModelFacts:
     aux_loss: bool = False
     #: What in it reads the length of the forward pass (rotary types whose frequencies depend on it).
     lengths: ModelLengths = ModelLengths()
+    #: A vision-language model of a family whose inputs were read (``generation.multimodal.FAMILIES``): the
+    #: per-image inputs it takes (``pixel_values``, ``image_grid_thw``), passed through unchanged: the text is padded
+    #: on the right (a placeholder never moves to another image) and no row is added (a copied row would need
+    #: its images too). Empty: not such a model.
+    media_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ SEQUENCE_PADDING: dict[str, int | str] = {
     "attention_mask": 0,
     "labels": IGNORE_INDEX,
     "token_type_ids": 0,
+    "mm_token_type_ids": 0,  # vision-language models (Qwen-VL): 0 is text; get_rope_index reads the masked tokens only
     "position_ids": 0,
     "special_tokens_mask": 1,
     "decoder_input_ids": PAD_TOKEN,
@@ -208,6 +209,9 @@ def _refused_labels(shapes: Mapping[str, Sequence[int] | None], model: ModelFact
 
 def _sequence_keys(shapes: Mapping[str, Sequence[int] | None], present: set[str], model: ModelFacts) -> tuple[list[str], set[str], int] | str:
     """The per-token keys that are padded, the decoder's keys, and the batch's rows."""
+    unknown = sorted(present - set(SEQUENCE_PADDING) - model.media_keys) if model.media_keys else []
+    if unknown:
+        return f"inputs of a vision-language model whose padding is not known: {', '.join(unknown)}"
     labels = shapes.get("labels")
     per_token = labels is not None and len(labels) >= 2 and model.per_token_labels
     decoder = set(DECODER_KEYS) | ({"labels"} if model.encoder_decoder else set())
@@ -284,7 +288,7 @@ def _padded_lengths(
     for side, cap, exact in sides:
         longest = max(shapes[k][1] for k in side)
         seen = {shapes[k][1] for k in side}
-        for key in () if source.layout is not None else present - set(SEQUENCE_PADDING) - {"labels"}:
+        for key in () if source.layout is not None else present - set(SEQUENCE_PADDING) - {"labels"} - model.media_keys:
             shape = shapes[key]
             if len(shape) >= 2 and shape[0] == rows and shape[1] in seen:
                 return f"{key!r} has a sequence axis and no known padding value"
@@ -334,6 +338,7 @@ def _padded_rows(
         and not packed
         and not source.keeps_rows
         and not model.aux_loss
+        and not (model.media_keys & set(shapes))
         and batch_size is not None
         and batch_size > rows
         and ignorable

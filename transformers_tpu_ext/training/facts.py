@@ -85,14 +85,16 @@ def model_facts(model: Any) -> batch_buckets.ModelFacts:
     config = base.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     name = type(base).__name__
-    per_token = name in (
+    media = _media_keys(base, name, auto)
+    per_token = bool(media) or name in (
         _names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
         | _names(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
         | _names(auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
         | _names(auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES)
     )
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    causal = not encoder_decoder and _causal(base)
+    # A vision-language model's text decoder (its vision tower attends both ways, inside each image).
+    causal = not encoder_decoder and _causal(base.get_decoder() if media else base)
     classifier = name in _names(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
     pools_last = classifier and causal
     known = per_token or pools_last or (classifier and getattr(config, "model_type", None) in POOLS_FIRST_TOKEN)
@@ -111,7 +113,18 @@ def model_facts(model: Any) -> batch_buckets.ModelFacts:
         extra_outputs=any(bool(getattr(text, k, False)) for k in ("output_hidden_states", "output_attentions", "output_router_logits")),
         aux_loss=bool(getattr(text, "output_router_logits", False)),
         lengths=model_lengths(base),
+        media_keys=media,
     )
+
+
+def _media_keys(model: Any, name: str, auto: Any) -> frozenset[str]:
+    """The per-image inputs of a vision-language model whose family's inputs were read (``ModelFacts.media_keys``)."""
+    from ..generation.multimodal import FAMILIES
+
+    family = FAMILIES.get(getattr(model.config, "model_type", None) or "")
+    if family is None or name not in _names(auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES):
+        return frozenset()
+    return family.per_image
 
 
 def _defined_by(instance: Any, method: str) -> str:
