@@ -4,7 +4,7 @@
 recurrent states and a compiled decode step for the six families it knows; prompt padding only where the
 family's mixer provably ignores it (no bias on its input projection); the prefill in one piece where its
 scan cannot continue from a cache (Mamba, Jamba); anything else Transformers' own. The generation policy
-reads it.
+and the serving predicate read it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from transformers_tpu_ext.serving import policy as serving
 from transformers_tpu_ext.generation import policy, recurrent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,12 @@ def test_the_generation_policy_takes_a_handled_family_and_leaves_the_others():
 def test_a_whole_prompt_climbs_its_own_ladder():
     assert recurrent.whole_prompt_ladder()[:5] == (16, 32, 64, 128, 256)
     assert recurrent.whole_prompt_ladder(2)[:6] == (16, 32, 48, 64, 96, 128)
+
+
+def test_continuous_batching_names_generate_for_the_layers_upstream_refuses():
+    for layers in (("linear_attention",), ("conv", "full_attention"), ("hybrid",)):
+        taken, why = serving.paged_path(serving.ServeFacts(layer_types=layers))
+        assert not taken and "refuses" in why and "on every device" in why and "generate()" in why
 
 
 def test_the_docs_table_is_the_predicates():

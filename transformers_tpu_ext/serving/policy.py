@@ -97,6 +97,9 @@ PAGED_FALLBACKS: Mapping[str, str] = {"sdpa": "sdpa", "eager": "eager", "paged|e
 #: Text-layer types the paged attention computes as upstream does (full attention; a sliding window
 #: applied by its mask over pages that keep the whole history).
 PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+#: Text-layer types holding a recurrent state (state-space, convolution, linear attention), which upstream's
+#: paged cache refuses on every device (``generation.recurrent.RECURRENT_LAYER_TYPES``).
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,13 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
     if facts.attention not in PAGED_FALLBACKS:
         return False, f"attn_implementation={facts.attention!r} is not one the TPU paged attention stands in for"
     unknown = sorted(set(facts.layer_types) - PAGED_LAYER_TYPES)
+    recurrent = [layer for layer in unknown if layer in RECURRENT_LAYER_TYPES]
+    if recurrent:
+        return False, (
+            f"Transformers' continuous batching refuses {', '.join(recurrent)} layers on every device (its paged cache "
+            "holds no recurrent state); generate() runs this state-space or hybrid model on TPU instead "
+            "(docs/generation.md, 'State-space and hybrid models')"
+        )
     if unknown:
         return False, "layers the TPU paged attention does not compute: " + ", ".join(unknown)
     if facts.attention_sinks:
