@@ -147,6 +147,14 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         {"input_ids": (6, 70), "attention_mask": (6, 70), "completion_mask": (6, 70)}, source=SourceFacts(keeps_rows=True),
     ),
     BatchCase(
+        "a state-space or hybrid model (Mamba, Mamba2, Jamba, Falcon-H1, LFM2, Qwen3-Next)", "4 × 70 tokens", _lm(4, 70),
+        model=ModelFacts(pad_token_id=0),
+    ),
+    BatchCase(
+        "a state-space model of another family (Falcon-Mamba, Zamba, Bamba...)", "4 × 70 tokens", _lm(4, 70),
+        model=ModelFacts(pad_token_id=0, unknown_recurrent="falcon_mamba"),
+    ),
+    BatchCase(
         "a plain `nn.Module`", "feature vectors `(4, 10)` named `input_ids`",
         {"input_ids": (4, 10), "labels": (4,)}, model=ModelFacts(known=False),
     ),
