@@ -3,6 +3,7 @@
     python benchmarks/bench_generate.py            # full run (a few minutes on 2 cores)
     python benchmarks/bench_generate.py --quick    # smoke run
     python benchmarks/bench_generate.py --output benchmarks/results/run.json
+    python benchmarks/bench_generate.py --family mamba   # a state-space or hybrid family (_recurrent_families.py)
 
 Each side runs in its own subprocess (patches are process-global). Two baselines, both plain
 Transformers (``TRANSFORMERS_TPU_EXT_DISABLE=1``):
@@ -374,17 +375,51 @@ def prior_art(quick: bool) -> dict:
     return report
 
 
+def _family_module(family: str):
+    """The module that runs ``family``'s 12 mixed calls (``FAMILIES``, ``SIDES``, ``worker``)."""
+    import _recurrent_families
+
+    if family not in _recurrent_families.FAMILIES:
+        raise SystemExit(f"unknown family {family!r}; choose from {', '.join(_recurrent_families.FAMILIES)}")
+    return _recurrent_families
+
+
+def _families_main(args: argparse.Namespace) -> int:
+    """``--family``: each family's sides, each in its own interpreter."""
+    calls = 6 if args.quick else 12
+    if args.family_side:
+        emit(_family_module(args.family).worker(args.family, args.family_side, calls))
+        return 0
+    started = time.perf_counter()
+    report: dict = {"quick": args.quick, "calls": calls}
+    for family in args.family.split(","):
+        module = _family_module(family)
+        sides = [s for s in args.sides.split(",") if s in module.SIDES] or list(module.SIDES)
+        report[family] = {}
+        for side in sides:
+            env = _env(TRANSFORMERS_TPU_EXT_DISABLE="1") if side in ("plain", "guide") else _env()
+            report[family][side] = _run_worker(["--family", family, "--family-side", side, *(["--quick"] if args.quick else [])], env)
+    report["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    write_report(report, args.output)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--output", help="also write the JSON to this file (e.g. benchmarks/results/run.json)")
     parser.add_argument("--sides", default="plain,guide,plugin,plugin_warmup", help="comma list of sides to run")
     parser.add_argument("--no-overhead", action="store_true", help="skip the import/CPU overhead measures")
+    parser.add_argument("--family", help="a state-space or hybrid family's 12 mixed calls instead: "
+                        "mamba, mamba2, jamba, falcon_h1, lfm2, qwen3_next (comma list)")
+    parser.add_argument("--family-side", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-overhead", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick_flag = ["--quick"] if args.quick else []
 
+    if args.family:
+        return _families_main(args)
     if args.worker:
         emit(worker(args.worker, args.quick))
         return 0
