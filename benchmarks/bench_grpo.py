@@ -12,7 +12,9 @@ and first trains the same run on the CPU (the reference):
 
 - ``before``: the plugin with the ``trl_grpo`` patch off (``TRANSFORMERS_TPU_EXT_DISABLE=trl_grpo``):
   generation through the plugin's ``generate()``, batches as TRL pads them (the state before issue 27);
-- ``plugin``: transformers-tpu-ext, defaults.
+- ``plugin``: transformers-tpu-ext, defaults;
+- ``plugin_warmup``: the plugin after ``transformers_tpu_ext.training.warmup(trainer, max_length=128)`` (one step
+  per prompt rung up to 128 tokens, and one whose completions all run to ``max_completion_length``).
 
 Printed JSON per side: programs compiled (graphs + eager per-shape programs) in each epoch, wall time
 of the TPU run, the largest difference of the logged losses and rewards from the CPU run's, and the
@@ -30,10 +32,10 @@ from pathlib import Path
 
 from _common import emit, run_worker, worker_env, write_report
 
-SIDES = {"before": {"TRANSFORMERS_TPU_EXT_DISABLE": "trl_grpo"}, "plugin": {}}
+SIDES = {"before": {"TRANSFORMERS_TPU_EXT_DISABLE": "trl_grpo"}, "plugin": {}, "plugin_warmup": {}}
 
 
-def _run(path: str, out: str, sim, *, use_cpu: bool, prompts: int, completion: int, epochs: int) -> tuple:
+def _run(path: str, out: str, sim, *, use_cpu: bool, prompts: int, completion: int, epochs: int, warm: bool = False) -> tuple:
     import datasets
     import trl
     from transformers import TrainerCallback
@@ -70,6 +72,10 @@ def _run(path: str, out: str, sim, *, use_cpu: bool, prompts: int, completion: i
     )
     trainer = trl.GRPOTrainer(model=path, reward_funcs=reward, args=config, train_dataset=data,
                               processing_class=tiny_tokenizer(), callbacks=[counter])
+    if warm:
+        from transformers_tpu_ext.training import warmup
+
+        warmup(trainer, max_length=128)
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
@@ -92,7 +98,8 @@ def worker(side: str, quick: bool) -> dict:
         config["eos_token_id"] = [1, *range(40, 80)]  # completions stop early, at varying lengths
         (path / "generation_config.json").write_text(json.dumps(config))
         cpu, _, _ = _run(str(path), str(Path(tmp) / "cpu"), sim, use_cpu=True, prompts=prompts, completion=completion, epochs=epochs)
-        tpu, programs, wall = _run(str(path), str(Path(tmp) / "tpu"), sim, use_cpu=False, prompts=prompts, completion=completion, epochs=epochs)
+        tpu, programs, wall = _run(str(path), str(Path(tmp) / "tpu"), sim, use_cpu=False, prompts=prompts, completion=completion,
+                                   epochs=epochs, warm=side == "plugin_warmup")
 
     def diff(key: str) -> float:
         return max(abs(a[key] - b[key]) for a, b in zip(cpu, tpu))

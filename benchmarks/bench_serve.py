@@ -156,6 +156,57 @@ def sizes(quick: bool) -> dict:
 # Worker side (one process per side)
 
 
+#: Models of each head size the floor is counted for: layers, key-value heads, head size, bf16 weight bytes.
+FLOOR_MODELS = {
+    "head_dim 64 (Llama 3.2 1B)": (16, 8, 64, 2_470_000_000),
+    "head_dim 128 (Llama 3 8B)": (32, 8, 128, 16_060_000_000),
+}
+
+
+def decode_floor_formats(requests: int = 64, lengths: tuple[int, int] = (16, 1000), seed: int = 0) -> dict:
+    """:func:`decode_floor` for head sizes 64 and 128, bf16 and int8 pages (counted, no model runs): K/V
+    bytes read per decode step by the kernel (head size 64 lane-packed: the same bytes as held, rounded
+    to pages) and by the gather, against the bytes held, and the roofline tokens/s per chip generation.
+    int8 pages: one byte per value (the kernel's scales, per layer and head, are negligible; the gather's
+    per-position float32 scales are counted)."""
+    from transformers_tpu_ext.serving import kernel_path
+    from transformers_tpu_ext.serving import policy as serving
+
+    rng = random.Random(seed)
+    lens = [rng.randint(*lengths) for _ in range(requests)]
+    page = serving.page_size_for(serving.DEFAULT_MAX_LEN)
+    keys = serving.blocks_per_request(serving.DEFAULT_MAX_LEN, page) * page
+    padded = serving.round_up(requests, serving.token_ladder(serving.DEFAULT_MAX_BATCH_TOKENS))
+    out = {}
+    for name, (layers, kv_heads, head_dim, weights) in FLOOR_MODELS.items():
+        for pages, itemsize, scale_bytes in (("bf16", 2, 0), ("int8", 1, 4)):
+            per_token = 2 * kv_heads * head_dim * itemsize
+            per_step = {
+                "held": kernel_path.held_kv_bytes(lens, per_token) * layers,
+                "kernel": kernel_path.kernel_kv_bytes(lens, page, per_token) * layers,
+                "gather": kernel_path.gathered_kv_bytes(padded, keys, per_token + 2 * kv_heads * scale_bytes) * layers,
+            }
+            out[f"{name}, {pages} pages"] = {
+                "lane_packing": kernel_path.lane_packing(head_dim, kv_heads),
+                "kv_bytes_per_decode_step": per_step,
+                "read_over_held": {k: round(v / per_step["held"], 3) for k, v in per_step.items() if k != "held"},
+                "tokens_per_second": {
+                    chip: {k: round(requests * bw / (weights + v), 1) for k, v in per_step.items()}
+                    for chip, bw in HBM_BANDWIDTH.items()
+                },
+            }
+    return out
+
+
+def _side(side: str) -> tuple[str, int, str | None]:
+    """``plugin``, ``baseline`` or ``plugin-hd64-int8``: the side, the head size (8: the tiny default) and
+    the KV cache format of a run."""
+    parts = side.split("-")
+    head_dim = next((int(p[2:]) for p in parts[1:] if p.startswith("hd")), 0)
+    kv = "int8" if "int8" in parts[1:] else None
+    return parts[0], head_dim, kv
+
+
 def worker(side: str, quick: bool) -> dict:
     import torch
     from transformers import ContinuousBatchingConfig, GenerationConfig
@@ -164,8 +215,15 @@ def worker(side: str, quick: bool) -> dict:
     from transformers_tpu_ext.testing.tiny import check_context_sensitive, tiny_model
 
     cfg = sizes(quick)
+    label, head_dim, kv_cache = _side(side)
+    side = label
     sim = testing.install(chips=1, hbm_bytes=cfg["hbm"])
-    model = tiny_model("qwen3", seed=0)
+    shape = dict(head_dim=head_dim, num_attention_heads=8, num_key_value_heads=4) if head_dim else {}
+    model = tiny_model("qwen3", seed=0, **shape)
+    if kv_cache:
+        from transformers_tpu_ext import serving
+
+        serving.configure(kv_cache=kv_cache)
     check_context_sensitive(model)
     gen = torch.Generator().manual_seed(1234)
     work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
@@ -176,7 +234,7 @@ def worker(side: str, quick: bool) -> dict:
     ]
     model.to("tpu")
     gc = GenerationConfig(do_sample=False, eos_token_id=1, pad_token_id=0)
-    result: dict = {"side": side}
+    result: dict = {"side": side, "head_dim": model.config.head_dim, "kv_cache": kv_cache}
     if side == "baseline":
         result["would_size_cache_from"] = _upstream_available_memory()
         result["compile_probe"] = _compile_probe(model, gc, prompts[:2])
@@ -204,7 +262,9 @@ def worker(side: str, quick: bool) -> dict:
             i = pending.pop(0)
             ids.append(manager.add_request(prompts[i], request_id=f"r{i}", max_new_tokens=work[i][1]))
             in_flight += 1
-        out = manager.get_result(timeout=120)
+        # JAX's kernel runs as its reference on the simulated TPU, compiling an XLA program per new shape: a step
+        # of the kernel sides can take minutes on a loaded machine
+        out = manager.get_result(timeout=900 if head_dim else 120)
         if out is None:
             raise RuntimeError("the manager stopped answering")
         if out.is_finished():
@@ -289,7 +349,11 @@ def _run_worker(side: str, quick: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--sides", default="baseline,plugin", help="comma list of sides to run")
+    parser.add_argument(
+        "--sides", default="baseline,plugin",
+        help="comma list of sides to run: baseline, plugin, and plugin-hd64, plugin-hd128-int8... (JAX's kernel "
+             "where JAX is installed; 8 query and 4 key-value heads of that size; int8 pages)",
+    )
     parser.add_argument("--output", help="also write the JSON report to this file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -300,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     work = workload(cfg["requests"], cfg["max_prompt"], cfg["max_new"])
     report: dict = {
         "decode_floor": decode_floor(),
+        "decode_floor_formats": decode_floor_formats(),
         "published_comparison": published_comparison(),
         "workload": {
             "requests": len(work),
@@ -319,6 +384,18 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_match_cpu": [base["tokens_match_cpu"], plug["tokens_match_cpu"]],
             "padding_overhead": [base["padding_overhead"], plug["padding_overhead"]],
             "stream_seconds": [base["stream_seconds"], plug["stream_seconds"]],
+        }
+    formats = {side: report[side] for side in args.sides.split(",") if "-hd" in side}
+    if formats:  # K/V bytes read over held per decode step, and programs after the warm-up, per head size and pages
+        report["formats"] = {
+            side: {
+                "attention": got.get("kv_read_over_held", {}).get("attention"),
+                "tokens_match_cpu": got["tokens_match_cpu"],
+                "programs_after_warmup": got["programs_after_warmup"],
+                "decode_kv_read_over_held": got.get("kv_read_over_held", {}).get("attention_that_ran"),
+                "kv_bytes_per_decode_step": got.get("roofline", {}).get("kv_bytes_per_decode_step"),
+            }
+            for side, got in formats.items()
         }
     write_report(report, args.output)
     return 0

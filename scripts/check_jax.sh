@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The `jax` extra: JAX's ragged paged attention kernel on the serving path (docs/serving.md, "The
-# attention kernel"), on the simulated TPU (its torch.tpu.pallas.jax_op runs the kernel's reference).
+# attention kernel") and its megablox grouped matmul for mixture-of-experts layers (docs/mixture-of-experts.md),
+# on the simulated TPU (its torch.tpu.pallas.jax_op runs the kernel's reference).
 #
 # Installs this package's `jax` extra (JAX 0.10 with jaxlib, about 600 MB) into the Python given by
 # $PYTHON (default: the repo's .venv, which already holds the test extras), unless it is there, checks
@@ -38,5 +39,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The kernel's reference runs op by op on JAX's CPU backend; unoptimized XLA programs compile faster.
 export XLA_FLAGS="${XLA_FLAGS:---xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true}"
 "$python" -m pytest -n 0 -q -p no:cacheprovider \
-    tests/simulator/test_pallas.py tests/serving/test_kernel_path.py tests/serving/test_ragged_serving.py "$@"
+    tests/simulator/test_pallas.py tests/simulator/test_jax_op_wheel.py tests/serving/test_kernel_path.py \
+    tests/serving/test_ragged_serving.py tests/serving/test_ragged_formats.py tests/serving/test_ragged_fallback.py \
+    tests/simulator/test_megablox.py tests/experts "$@"
 echo "check_jax: passed in $((SECONDS - started)) s" >&2

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real torch-tpu package (with libtpu) on a machine without a TPU: the plugin must change nothing.
 #
-# Installs torch, then this package with its `tpu` extra (torch-tpu 0.2.0 and libtpu, about 600 MB
-# installed) into .venv-torch-tpu/ (reused while the pins and the declared dependencies are
+# Installs torch, then this package with its `tpu` and `jax` extras (torch-tpu 0.2.0 and libtpu, about 600 MB
+# installed; JAX at the pinned version of constraints.txt, for torch-tpu's jax_op) into .venv-torch-tpu/ (reused while the pins and the declared dependencies are
 # unchanged), then checks, in fresh interpreters:
 #   - `import torch` runs both torch.backends entry points (torch_tpu's and ours) and works;
 #   - Transformers and the plugin import; every patch is applied, none skipped, no plugin warning;
@@ -13,8 +13,15 @@
 # then runs the tests that need no simulated TPU (the simulator cannot register its device next to
 # the real backend, which owns PrivateUse1), among them tests/simulator/test_internal_apis_table.py,
 # which reads the installed wheel's sources and checks the simulator's table of torch_tpu's internal
-# `torch.tpu` names against them (TORCH_TPU_SOURCES_REQUIRED=1: it fails instead of skipping when it
-# cannot find them). Extra arguments go to pytest.
+# `torch.tpu` names against them, and tests/simulator/test_jax_op_wheel.py, which loads the wheel's own
+# torch_tpu/_internal/pallas/pallas.py (its C extension stubbed, tests/_torch_tpu_wheel.py), registers every
+# kernel variant the serving plugin registers with its jax_op and lowers each for the TPU, and checks that
+# the simulator's jax_op accepts, refuses and describes (schema) the same functions as the wheel's
+# and tests/simulator/test_surface_wheel.py, which reads the wheel's table of its public surface
+# (_internal/public_api.py) and checks every name, signature and NotImplementedError refusal of the simulated
+# torch.tpu against the wheel's definitions, and get_pallas_mesh's refusals against the wheel's own Python
+# (TORCH_TPU_SOURCES_REQUIRED=1: they fail instead of skipping when they cannot find the sources). Extra
+# arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -25,11 +32,11 @@ venv="${TRANSFORMERS_TPU_EXT_TORCH_TPU_VENV:-$root/.venv-torch-tpu}"
 started=$SECONDS
 stamp="$venv/.torch-tpu-$(printf '%s\n' "$torch_pin $torch_tpu_pin" | cat - "$root/pyproject.toml" "$root/transformers_tpu_ext/requirements.txt" "$root/constraints.txt" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-    echo "check_torch_tpu: installing $torch_pin, $torch_tpu_pin and transformers-tpu-ext[test,tpu] into $venv" >&2
+    echo "check_torch_tpu: installing $torch_pin, $torch_tpu_pin and transformers-tpu-ext[test,tpu,jax] into $venv" >&2
     rm -rf "$venv"
     "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$torch_pin"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$root/constraints.txt" "$torch_pin" "$torch_tpu_pin" -e "$root[test,tpu]"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$root/constraints.txt" "$torch_pin" "$torch_tpu_pin" -e "$root[test,tpu,jax]"
     touch "$stamp"
 fi
 echo "check_torch_tpu: venv ready in $((SECONDS - started)) s" >&2
@@ -134,6 +141,7 @@ cd "$root"
 TORCH_TPU_SOURCES_REQUIRED=1 "$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider -rs \
     tests/core/test_activation.py tests/core/test_activation_subprocess.py tests/core/test_compat.py \
     tests/generation/test_generation_config.py tests/generation/test_buckets.py tests/parallelism/test_tp_plans.py tests/core/test_topology.py \
-    tests/core/test_settings.py tests/simulator/test_internal_apis_table.py \
+    tests/core/test_settings.py tests/simulator/test_internal_apis_table.py tests/simulator/test_jax_op_wheel.py \
+    tests/simulator/test_surface_wheel.py \
     "tests/core/test_faults.py::test_a_failing_entry_point_is_one_warning_and_import_torch_works" "$@"
 echo "check_torch_tpu: passed in $((SECONDS - started)) s" >&2

@@ -9,7 +9,9 @@ stand-ins under the same repo ids in a Hugging Face cache directory (``HF_HUB_CA
 - tiny Qwen2.5 / Qwen3 causal LMs and sequence classifiers, with the shapes of TRL's
   ``scripts/generate_tiny_models`` (hidden size 8, 2 layers) but a local tokenizer: a byte-level BPE trained
   here (the real Qwen vocabulary of 151k tokens cannot be fetched offline) with Qwen's special tokens and
-  TRL's own copy of each model's chat template (``trl/chat_templates/*.jinja``).
+  TRL's own copy of each model's chat template (``trl/chat_templates/*.jinja``);
+- a tiny T5 (``tiny-T5ForConditionalGeneration``, which the ORPO and CPO suites load in their set-up),
+  with the same local tokenizer.
 
 Tests that depend on the real tokenizer's ids or vocabulary fail alike with and without the plugin; the
 comparison that matters (plugin on vs off) is unaffected. Every other Hub repository stays missing ("needs
@@ -34,6 +36,7 @@ MODELS = {
     "tiny-Qwen2ForSequenceClassification-2.5": ("qwen2", "qwen2_5", "seqcls"),
     "tiny-Qwen3ForCausalLM": ("qwen3", "qwen3", "causal"),
     "tiny-Qwen3ForSequenceClassification": ("qwen3", "qwen3", "seqcls"),
+    "tiny-T5ForConditionalGeneration": ("t5", "qwen2_5", "seq2seq"),
 }
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
 
@@ -123,7 +126,7 @@ def tokenizer(template: str, corpus: list[str]):
 def tiny_models(cache: Path) -> list[str]:
     import torch
     import trl
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, GenerationConfig
 
     import datasets  # the corpus: every string of the zen dataset, so the BPE has merges for its words
 
@@ -136,12 +139,22 @@ def tiny_models(cache: Path) -> list[str]:
     for name, (arch, template, head) in MODELS.items():
         tok = tokenizer((templates / f"{template}.jinja").read_text(), corpus)
         pad, eos = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+        torch.manual_seed(int(hashlib.sha1(name.encode()).hexdigest(), 16) % 2**31)
+        if head == "seq2seq":
+            config = AutoConfig.for_model(
+                arch, vocab_size=len(tok), d_model=8, d_kv=2, d_ff=32, num_layers=2, num_heads=4, pad_token_id=pad,
+                eos_token_id=eos, decoder_start_token_id=pad, initializer_factor=1.0,
+            )
+            snap = _snapshot(cache, "models", f"{ORG}/{name}", name)
+            AutoModelForSeq2SeqLM.from_config(config).save_pretrained(snap)
+            tok.save_pretrained(snap)
+            made.append(f"{ORG}/{name}")
+            continue
         config = AutoConfig.for_model(
             arch, vocab_size=len(tok), hidden_size=8, num_attention_heads=4, num_key_value_heads=2,
             num_hidden_layers=2, intermediate_size=32, head_dim=2, pad_token_id=pad, eos_token_id=eos,
             bos_token_id=None, tie_word_embeddings=True, initializer_range=0.3, max_position_embeddings=32768,
         )
-        torch.manual_seed(int(hashlib.sha1(name.encode()).hexdigest(), 16) % 2**31)
         if head == "causal":
             model = AutoModelForCausalLM.from_config(config)
         else:

@@ -31,7 +31,7 @@ RENAMED: dict[str, str] = {
 }
 #: The naming scheme: a capability's prefix, or one of the plugin-wide names.
 SCHEME_PREFIXES = ("GENERATE_", "SERVE_", "TRAIN_", "TP_", "COMPILE_")
-PLUGIN_WIDE = ("DISABLE", "SIMULATE", "VERBOSITY", "HBM_HEADROOM")
+PLUGIN_WIDE = ("DISABLE", "SIMULATE", "SIMULATE_REPORT", "VERBOSITY", "HBM_HEADROOM")
 #: The release that stops reading the old names.
 RENAMED_UNTIL = "0.2"
 

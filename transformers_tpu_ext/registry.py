@@ -51,6 +51,7 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "transformers_training_args": "training",
         "transformers_trainer": "training",
         "recompile_guard_generate": "generation",
+        "whisper_generate": "generation",
         "recompile_guard_serve": "serving",
         "recompile_guard_train": "training",
         "pipeline_buckets": "inference",
@@ -58,6 +59,9 @@ PATCHES: Mapping[str, str] = MappingProxyType(
         "lm_eval_hf": "inference",
         "sentence_transformers_encode": "inference",
         "accelerate_rng": "training",
+        "trainer_losses": "training",
+        "experts": "experts",
+        "experts_decode": "experts",
     }
 )
 
@@ -68,6 +72,7 @@ REGISTRY: tuple[str, ...] = tuple(PATCHES)
 #: compile cache, the recompile guard, TorchDynamo's recompile limit) has settings and no patch of its own.
 CAPABILITIES: tuple[str, ...] = (
     "placement", "kernels", "generation", "parallelism", "serving", "quantization", "training", "compilation", "inference",
+    "experts",
 )
 
 

@@ -189,7 +189,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("compilation", frozenset({"compilation"})),
     (
         "capabilities",
-        frozenset({"placement", "kernels", "parallelism", "quantization", "generation", "serving", "training", "inference"}),
+        frozenset({"placement", "kernels", "parallelism", "quantization", "generation", "serving", "training", "inference",
+                   "experts"}),
     ),
     ("simulated TPU", frozenset({"testing"})),
     ("entry points", frozenset({"activation", "settings", "cli", "launch", "_autoload", "__init__"})),

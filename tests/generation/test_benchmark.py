@@ -70,6 +70,7 @@ def test_the_recurrent_families_workload_is_fixed_and_spans_the_issue_ranges():
     from transformers_tpu_ext.testing.tiny import RECURRENT_ARCHITECTURES
 
     families = _bench.load(BENCH.with_name("_recurrent_families.py"))
+    _bench.load(BENCH.with_name("_families.py"))  # the other families' module, which --family also reads
     calls = families.workload(320, 12)
     again = families.workload(320, 12)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] for a, b in zip(calls, again))

@@ -219,7 +219,7 @@ def _runs(qwen3: Any) -> dict[str, Callable[[Any], tuple[Any, dict]]]:
                 qwen3, {**plain, "custom_generate": _recipe}),
             "a non-text main input (`generate(features)`, floating point)": lambda mp: (
                 qwen3, {"inputs": torch.randn(3, 10, qwen3.config.hidden_size), "max_new_tokens": NEW}),
-            "an encoder-decoder model (T5, BART, Whisper...)": other_model(
+            "an encoder-decoder model other than Whisper (T5, BART...; Whisper: the family table below)": other_model(
                 lambda: _tiny("T5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
             "a model with convolution, linear-attention, chunked or shared key/value layers (LFM2, Qwen3-Next, Llama 4, Gemma 3n...)":
                 other_model(lambda: _tiny("Lfm2Config", hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -168,7 +168,9 @@ def test_the_device_loop_takes_the_scores_only_processors():
         (dict(custom_mask_function=True), "masks"),
         (dict(processors=("RepetitionPenaltyLogitsProcessor", "TopKLogitsWarper")), "RepetitionPenaltyLogitsProcessor"),
         (dict(processors=("PrefixConstrainedLogitsProcessor",)), "PrefixConstrained"),
-        (dict(model_kwargs=("cache", "token_type_ids")), "token_type_ids"),
+        (dict(model_kwargs=("cache", "visual_pos_masks")), "visual_pos_masks"),
+        # Issue 38: pixel inputs the device loop would carry only if upstream drops them after the prefill.
+        (dict(model_kwargs=("cache", "pixel_values")), "pixel_values"),
         # Issue 18, items 1-2: the loop feeds one token a step against a mask as long as the static cache.
         (dict(cache="DynamicCache"), "static cache (here: DynamicCache)"),
         (dict(cache="none", use_cache=False), "static cache (here: none)"),
@@ -182,6 +184,15 @@ def test_the_host_loop_and_why(changes, reason):
 
     path = policy.decode_path(dataclasses.replace(LOOP, **changes))
     assert not path.device and reason in path.reason
+
+
+def test_the_device_loop_carries_type_ids_and_what_upstream_drops_after_the_prefill():
+    import dataclasses
+
+    kwargs = ("cache", "attention_mask", "token_type_ids", "mm_token_type_ids", "mm_encoder_outputs", "pixel_values")
+    loop = dataclasses.replace(LOOP, model_kwargs=kwargs, prefill_only=frozenset({"mm_encoder_outputs", "pixel_values"}))
+    assert policy.decode_path(loop).device
+    assert not policy.decode_path(dataclasses.replace(loop, prefill_only=frozenset({"pixel_values"}))).device
 
 
 def test_the_device_loop_is_never_taken_without_generates_static_cache_and_device_mask():

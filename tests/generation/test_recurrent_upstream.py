@@ -46,5 +46,6 @@ def test_an_unknown_recurrent_family_is_upstreams_with_one_warning(simulated_tpu
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "transformers_tpu_ext"]
     assert len(warned) == 1, warned
     assert "falcon_mamba has recurrent layers of a family the plugin has no proof for" in warned[0]
+    assert "docs/generation.md#state-space-and-hybrid-models" in warned[0]
     assert any("generate() left to upstream" in m and "falcon_mamba" in m for m in messages), messages
     assert not any("generate() handled" in m for m in messages), messages

@@ -123,3 +123,22 @@ def test_text_report_lists_every_row():
     assert "LlamaForCausalLM: weights int8" in text
     assert sum(1 for line in text.splitlines() if line.strip().startswith(tuple(CHIPS))) == 4  # v7 has no 1
     assert "unmeasured on a chip" in text
+
+
+def test_a_mixture_of_experts_model_counts_its_experts_and_a_decode_step_reads_the_selected_ones():
+    # Qwen3-30B-A3B's experts, by hand: 48 layers of 128 experts of 3 x 2048 x 768, 8 per token
+    experts = 48 * 128 * 3 * 2048 * 768
+    moe = ModelCounts(**{**LLAMA_8B.__dict__, "name": "MoE", "linear": LLAMA_8B.linear + experts, "expert_linear": experts,
+                         "experts": 128, "experts_per_token": 8})
+    assert capacity.selected_fraction(moe, 1) == 8 / 128
+    assert capacity.selected_fraction(moe, 8) == pytest.approx(1 - (120 / 128) ** 8)
+    assert capacity.selected_fraction(LLAMA_8B, 8) == 1.0  # dense: every weight, every step
+    for chips in (1, 4):
+        row = _row(fit(moe, context=0, batch=1), "v6e", chips)
+        expert_bytes = 2 * experts / chips  # sharded over the chips (expert parallelism)
+        assert row.expert_bytes_read_per_chip == pytest.approx(expert_bytes / 16, rel=1e-6)
+        read = row.weights_per_chip - expert_bytes + row.expert_bytes_read_per_chip
+        assert row.steps_per_s == pytest.approx(1638e9 / read, rel=1e-3)
+    report = fit(moe, batch=8)
+    assert report.experts == (128, 8, capacity.selected_fraction(moe, 8))
+    assert "8 of 128 routed experts per token" in capacity.format_report([report])

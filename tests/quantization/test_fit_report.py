@@ -131,3 +131,17 @@ def test_doctor_fit_errors_are_one_line(paths, capsys, argv, message):
     argv = [paths["llama8b"] if a == "CONFIG" else a for a in argv]
     assert doctor.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch, experts, per_token", [("mixtral", 4, 2), ("qwen3_moe", 8, 2), ("gpt_oss", 4, 2),
+                                                       ("deepseek_v3", 8, 2)])
+def test_a_mixture_of_experts_config_counts_its_routed_experts(arch, experts, per_token):
+    config = tiny.tiny_config(arch)
+    counts = count(config)
+    assert (counts.experts, counts.experts_per_token) == (experts, per_token)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    stacks = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 3 and "experts" in name)
+    assert counts.expert_linear == stacks > 0
+    report = fit_report(config, weights="bf16", kv="bf16", generations="v6e", chips=1, batch=1)[0]
+    assert report.experts[:2] == (experts, per_token)

@@ -95,7 +95,6 @@ def attention_of(model):
     manager.destroy()
     return plan.attention, [m for m in said.messages if "paged attention" in m]
 
-r["head_64"] = attention_of(tiny_model("qwen3", seed=0, head_dim=64).to("tpu"))
 sys.modules["jax.experimental.pallas.ops.tpu.ragged_paged_attention"] = None  # a JAX without the kernel
 r["no_kernel"] = attention_of(tiny_model("qwen3", seed=1, head_dim=128).to("tpu"))
 report(r)

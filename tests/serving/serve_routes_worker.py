@@ -1,6 +1,6 @@
 """Worker of test_serve_routes.py: runs in a fresh interpreter (tests/_subprocess.run_python) and reports one JSON value."""
 from _worker import report
-import json, socket, tempfile, time, urllib.error, urllib.request
+import tempfile
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, pipeline
 from transformers.decision import DecisionConfig
@@ -36,21 +36,12 @@ expected = {
     "systemone": pipeline("decision", model=cpu, tokenizer=tokenizer, device="cpu")(question)["refund"]["noul"],
 }
 
-# transformers serve --continuous-batching, on the TPU host.
-from transformers.cli.serve import Serve
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-server = Serve(force_model=str(path), continuous_batching=True, non_blocking=True, port=port, host="127.0.0.1")
-url = f"http://127.0.0.1:{port}"
+# transformers serve --continuous-batching, on the TPU host, as a user runs it (a process of its own; Transformers
+# 5.25 runs the model in a spawned one, where the plugin's simulated TPU reports what it compiled).
+from _serve_cli import Served
 
 def call(method, route, body=None):
-    data = None if body is None else json.dumps({"model": str(path), **body}).encode()
-    request = urllib.request.Request(url + route, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()[:300]
+    return server.call(method, route, body, timeout=300)
 
 ROUTES = {
     "GET /health": lambda: call("GET", "/health"),
@@ -76,19 +67,15 @@ def answer(route, status, payload):
         return status, payload["output"][0]["content"][0]["text"]
     return status, None
 
-try:
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1); break
-        except Exception:
-            time.sleep(0.2)
+with Served(str(path)) as server:
     # Before any continuous-batching request (no manager yet), then every route in turn (the first
     # text route starts the manager), then every route again with the manager alive.
     r["before"] = {route: answer(route, *ROUTES[route]()) for route in ("GET /health", "GET /v1/models", "POST /v1/systemone")}
     r["first"] = {route: answer(route, *run()) for route, run in ROUTES.items()}
+    programs = server.programs()
     r["again"] = {route: answer(route, *run()) for route, run in ROUTES.items()}
-finally:
-    server.kill_server()
+    engine = server.engine()
+    r["engine"] = dict(patch=engine["patches"].get("continuous_batching"), again_programs=engine["counters"]["programs"] - programs)
 r["expected"] = {key: (round(value, 4) if isinstance(value, float) else value) for key, value in expected.items()}
 
 # A running manager's pause(): the calling thread uses the model (Transformers' documented purpose).

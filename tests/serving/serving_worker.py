@@ -1,6 +1,6 @@
 """Worker of test_serving.py: runs in a fresh interpreter (tests/_subprocess.run_python) and reports one JSON value."""
 from _worker import report
-import json, logging, os, socket, tempfile, time, urllib.request, warnings
+import json, logging, os, tempfile, warnings
 import torch
 from transformers import CompileConfig, ContinuousBatchingConfig, GenerationConfig
 from transformers_tpu_ext import testing
@@ -116,8 +116,9 @@ for name, context in (("cpu_model", torch.no_grad()), ("hidden", sim.hidden())):
         off[name]["match"] = [o.generated_tokens for o in got.values()] == reference(cpu_model, ps[:3], [5] * 3)
 r["off_tpu"] = off
 
-# E. transformers serve --continuous-batching on the TPU host.
-from transformers.cli.serve import Serve
+# E. transformers serve --continuous-batching on the TPU host, as a user runs it: the command in a process of its own
+# (Transformers 5.25 runs the model in a spawned one), counted there (TRANSFORMERS_TPU_EXT_SIMULATE_REPORT).
+from _serve_cli import Served
 path = save_tiny_model(tempfile.mkdtemp() + "/tiny", "qwen3")
 tok = tiny_tokenizer()
 from transformers import AutoModelForCausalLM
@@ -127,26 +128,17 @@ expected = []
 for text in texts:
     ids_t = tok(text, return_tensors="pt").input_ids
     expected.append(tok.decode(cpu_ref.generate(ids_t, max_new_tokens=8, do_sample=False)[0, ids_t.shape[1]:], skip_special_tokens=True))
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-server = Serve(force_model=str(path), continuous_batching=True, non_blocking=True, port=port, host="127.0.0.1")
-try:
-    for _ in range(150):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1); break
-        except Exception:
-            time.sleep(0.2)
+with Served(str(path)) as server:
     answers, programs = [], []
+    loaded = server.programs()  # Transformers 5.25 starts (and warms up) the manager with the model; 5.24 at the first request
     for text in texts:
-        before = sim.counters()
-        body = json.dumps({"model": str(path), "prompt": text, "max_tokens": 8, "temperature": 0}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        answers.append(json.loads(urllib.request.urlopen(request, timeout=300).read())["choices"][0]["text"])
-        programs.append((sim.counters() - before).programs)
-finally:
-    server.kill_server()
-r["serve"] = dict(match=answers == expected, programs=programs)
+        before = server.programs()
+        status, payload = server.call("POST", "/v1/completions", {"prompt": text, "max_tokens": 8, "temperature": 0})
+        answers.append(payload["choices"][0]["text"] if status == 200 else [status, payload])
+        programs.append(server.programs() - before)
+    engine = server.engine()
+r["serve"] = dict(match=answers == expected, programs=programs, answers=answers, loaded_programs=loaded, engine_process=engine["process"],
+                  engine_patch=engine["patches"].get("continuous_batching"), engine_pid_is_own=engine["pid"] == os.getpid())
 
 # F. deactivate() restores every original; activate() re-applies.
 import transformers_tpu_ext

@@ -19,7 +19,9 @@ TAKEN = KernelFacts(jax="0.10.2", kernel_args=ARGS, jax_op=True, head_dim=128, h
 
 
 def test_a_model_the_kernel_takes_runs_it():
-    assert attention_path(TAKEN) == ("ragged", "JAX 0.10.2 ragged paged attention through torch.tpu.pallas.jax_op")
+    assert attention_path(TAKEN) == (
+        "ragged", "JAX 0.10.2 ragged paged attention through torch.tpu.pallas.jax_op (bfloat16 pages)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -33,12 +35,13 @@ def test_a_model_the_kernel_takes_runs_it():
         (dict(kernel_args=kernel_path.KERNEL_ARGS), "no ragged"),  # no sliding window / soft cap arguments
         (dict(jax_op=False), "no torch.tpu.pallas.jax_op"),
         (dict(attention_sinks=True), "attention sinks"),
-        (dict(kv_cache="int8"), "k_scale/v_scale are one static float per cache"),
+        (dict(kv_cache="fp8"), "the fp8 KV cache"),
         (dict(dtype="float16"), "float16"),
-        (dict(head_dim=64), "head size 64 (the kernel takes multiples of 128)"),
-        (dict(head_dim=96), "head size 96"),
+        (dict(head_dim=96), "head size 96 (the kernel takes multiples of 128, or divisors of 128 lane-packed; pages padded to 128 lanes would hold and read 33% more bytes"),
+        (dict(head_dim=64, heads=6, kv_heads=3), "head size 64 with 3 key-value heads"),
         (dict(heads=6, kv_heads=4), "6 query heads for 4 key-value heads"),
-        (dict(heads=6, kv_heads=3), "3 key-value heads in bfloat16"),
+        (dict(heads=6, kv_heads=3), "3 key-value heads of size 128 in bfloat16 pages"),
+        (dict(kv_cache="int8", kv_heads=1, heads=8), "1 key-value heads of size 128 in int8 pages"),
     ],
 )
 def test_what_the_kernel_cannot_take_runs_the_present_path(change, reason):
@@ -49,6 +52,44 @@ def test_what_the_kernel_cannot_take_runs_the_present_path(change, reason):
 def test_head_sizes_that_are_multiples_of_128_are_taken():
     for head_dim in (128, 256):
         assert attention_path(KernelFacts(**{**TAKEN.__dict__, "head_dim": head_dim}))[0] == "ragged"
+
+
+@pytest.mark.parametrize(
+    "head_dim, kv_heads, lanes", [(128, 3, 1), (256, 1, 1), (64, 8, 2), (64, 2, 2), (64, 3, 0), (32, 8, 4), (96, 8, 0), (80, 4, 0)]
+)
+def test_head_sizes_dividing_128_are_lane_packed(head_dim, kv_heads, lanes):
+    assert kernel_path.lane_packing(head_dim, kv_heads) == lanes
+
+
+def test_head_size_64_and_int8_pages_take_the_kernel():
+    llama_1b = KernelFacts(**{**TAKEN.__dict__, "head_dim": 64, "heads": 32, "kv_heads": 8})
+    assert attention_path(llama_1b) == (
+        "ragged", "JAX 0.10.2 ragged paged attention through torch.tpu.pallas.jax_op (bfloat16 pages, 2 heads per 128 lanes)"
+    )
+    assert attention_path(KernelFacts(**{**llama_1b.__dict__, "kv_cache": "int8"}))[1].endswith("(int8 pages, 2 heads per 128 lanes)")
+    qwen_05b = KernelFacts(**{**TAKEN.__dict__, "head_dim": 64, "heads": 14, "kv_heads": 2})
+    assert attention_path(qwen_05b)[0] == "ragged"
+    # int8: 2 * 1 packed head is not a whole number of 32-bit rows
+    assert attention_path(KernelFacts(**{**qwen_05b.__dict__, "kv_cache": "int8"}))[0] == "paged"
+
+
+TABLE = {"TPU v6": {("bfloat16", "bfloat16", 8, 2, 128, 16, 64, 256): (16, 32)}}
+
+
+@pytest.mark.parametrize(
+    "generation, key, sizes",
+    [
+        ("v6e", ("bfloat16", "bfloat16", 8, 2, 128, 16, 64, 16), (16, 32)),  # JAX's tuned entry
+        ("v6e", ("bfloat16", "bfloat16", 5, 2, 128, 16, 40, 13), (13, 32)),  # rounded as JAX rounds the key
+        ("v6e", ("float32", "float32", 8, 2, 128, 16, 64, 16), (16, 32)),  # not tuned: JAX's defaults (128, 32)
+        ("v5e", ("bfloat16", "bfloat16", 8, 2, 128, 16, 64, 16), (16, 32)),
+        ("v5e", ("bfloat16", "bfloat16", 8, 2, 128, 16, 16, 200), (128, 16)),
+        ("v4", ("bfloat16", "bfloat16", 8, 2, 128, 16, 64, 64), (32, 32)),  # JAX's v4 sizes
+        ("v6e", ("bfloat16", "bfloat16", 8, 2, 128, 16, 16, 8), (8, 16)),  # never past the step or the table
+    ],
+)
+def test_block_sizes_come_from_jax_s_table_for_the_chip_torch_tpu_names(generation, key, sizes):
+    assert kernel_path.block_sizes(generation, TABLE, key) == sizes
 
 
 @pytest.mark.parametrize(
@@ -96,3 +137,72 @@ def test_the_docs_table_is_the_predicates():
     text = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
     begin = text.index(kernel_path.BEGIN) + len(kernel_path.BEGIN)
     assert text[begin : text.index(kernel_path.END, begin)].strip() == kernel_path.path_table()
+
+
+@pytest.mark.parametrize("head_dim, lanes", [(128, 1), (64, 2)])
+def test_a_fallback_rewrites_kernel_pages_in_the_present_layout_with_their_scales(head_dim, lanes):
+    # issue 37: a kernel failing in a serving step: the pages the requests in flight hold move to upstream's
+    # layout ([2, page_size, kv_heads, head_dim] per layer and page) and int8 scales per layer and head to per position
+    import types
+
+    import torch
+
+    from transformers_tpu_ext.serving import ragged
+
+    blocks, layers, page, heads = 3, 2, 4, 4
+    pages = blocks * layers
+    kernel = torch.randint(-127, 128, (pages, page, heads // lanes, 2, lanes, head_dim), dtype=torch.int8)
+    allocator = types.SimpleNamespace(
+        cache_tensor=kernel.clone().view(pages * page, 2, heads, head_dim), num_key_value_heads=heads,  # upstream's shape
+        head_dim=head_dim, tokens_per_page=page, pages_per_block=layers,
+    )
+    ragged.to_present_layout(allocator, chunk=4)  # chunks that do not divide the pages
+    present = allocator.cache_tensor.view(pages, 2, page, heads, head_dim)
+    for p in range(pages):
+        for kv in range(2):
+            for t in range(page):
+                for h in range(heads):
+                    assert torch.equal(present[p, kv, t, h], kernel[p, t, h // lanes, kv, h % lanes])
+    head_scales = torch.rand(layers, 2, heads)
+    rows = ragged.present_scales(allocator, head_scales).view(blocks, layers, 2, page, heads)
+    assert torch.equal(rows, head_scales[None, :, :, None, :].expand(blocks, layers, 2, page, heads))
+
+
+def test_only_a_failure_of_the_kernel_sends_the_manager_to_the_present_path():
+    from transformers_tpu_ext.serving import ragged
+
+    try:
+        raise ValueError("transformers_tpu_ext::ragged_paged_attention_v6e_l1_0 does not lower for a TPU v6 lite")
+    except ValueError as error:
+        assert ragged.failed_here(error)
+    try:
+        try:
+            raise KeyError("x")
+        except KeyError as inner:
+            raise RuntimeError("the step failed") from inner
+    except RuntimeError as error:
+        assert not ragged.failed_here(error)  # a model's own bug is upstream's to handle
+
+
+def test_a_head_size_the_kernel_cannot_take_is_said_once_per_model_with_the_reason():
+    # issue 37: head size 96 (Phi-3 mini) stays on the plain-PyTorch path, and the user is told why, once
+    import logging
+
+    from transformers_tpu_ext.core import wrapping
+    from transformers_tpu_ext.serving import ragged
+    from transformers_tpu_ext.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3", head_dim=96, num_attention_heads=4, num_key_value_heads=2)
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger("transformers_tpu_ext")
+    logger.addHandler(handler)
+    try:
+        for _ in range(2):  # a second manager of the same model: nothing more said
+            assert ragged.choose(model, "auto", None, False) == ("paged", None)
+    finally:
+        logger.removeHandler(handler)
+    (message,) = said
+    wrapping._warned.discard(message.removeprefix("transformers-tpu-ext: "))
+    assert "Qwen3ForCausalLM" in message and "head size 96" in message and "33% more bytes" in message

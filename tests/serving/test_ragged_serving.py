@@ -4,7 +4,7 @@ One fresh interpreter serves a mixed stream (prompts 1..90 tokens, chunked past 
 in the same steps, pages of 8 tokens) with a context-sensitive tiny Qwen3 of head size 128 (the kernel's), the kernel run
 through the simulated ``torch.tpu.pallas.jax_op`` (the kernel's reference on the same inputs); then the
 same requests with the present plain-PyTorch attention (``TRANSFORMERS_TPU_EXT_SERVE_ATTENTION=paged``);
-then a sliding-window model (Mistral, window 8); then the models and JAXs the kernel cannot take.
+then a sliding-window model (Mistral, window 8); then a JAX without the kernel (head size 64 takes the kernel now: test_ragged_formats.py).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_the_sliding_window_goes_to_the_kernel(served):
 
 
 @pytest.mark.parametrize(
-    "case, reason", [("head_64", "head size 64 (the kernel takes multiples of 128)"), ("no_kernel", "has no ragged paged attention kernel")]
+    "case, reason", [("no_kernel", "has no ragged paged attention kernel")]
 )
 def test_what_the_kernel_cannot_take_runs_the_present_path_and_says_why(served, case, reason):
     attention, messages = served[case]

@@ -130,6 +130,22 @@ def test_step_stats_measure_padding():
     assert stats.asdict()["shapes"] == [(16, 8), (32, 8)]
 
 
+@pytest.mark.parametrize(
+    "prompt, new, positions, message",
+    [
+        (0, 8, None, "empty prompt"),
+        (5, 0, None, "max_new_tokens \\(max_tokens\\) must be at least 1, got 0"),
+        (5, -3, None, "got -3"),
+        (300, 8, 300, "the model has 300 positions"),
+    ],
+)
+def test_fit_request_refuses_a_request_that_can_only_fail(prompt, new, positions, message):
+    with pytest.raises(ValueError, match=message):
+        serving.fit_request(prompt, new, 512, positions)
+    if prompt and new > 0:
+        assert serving.fit_request(positions - 1, new, 512, positions) == 8
+
+
 def test_fit_request_lowers_max_new_tokens_and_refuses_a_prompt_with_no_room():
     assert serving.fit_request(100, 20, 512) == 20
     assert serving.fit_request(500, 1024, 512) == 12
@@ -143,6 +159,21 @@ def test_step_bytes_counts_each_tokens_pages_scores_logits_and_activations():
     size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=8, itemsize=4, vocab_size=320,
                               activation_bytes_per_token=1000)
     assert size == 64 * 1000 + 2 * 64 * 512 * 2 * 8 * 4 + 64 * 4 * 512 * 4 + 8 * 320 * 4
+
+
+def test_step_bytes_on_the_kernel_path_count_no_max_len_gather():
+    # issue 37: the kernel reads the pages in place; the cache sizing kept a max_len gather per token on the
+    # kernel path too (128 tokens x 1,024 keys: 543 MB of a 2 GiB chip), and a 1 GiB chip had no room for a cache
+    from transformers_tpu_ext.serving import kernel_path
+
+    plan = _plan(hint_len=364, max_batch_tokens=64, max_requests=8)
+    plan.attention, plan.kernel_variant = "ragged", kernel_path.KernelVariant(lanes=2)
+    size = serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=64, itemsize=2, vocab_size=320,
+                              activation_bytes_per_token=1000)
+    assert size == 64 * 1000 + 2 * 64 * 4 * 2 * 64 * 2 + 8 * 320 * 4  # queries and outputs, 128 lanes each
+    plan.attention = "paged"
+    assert serving.step_bytes(plan, heads=4, kv_heads=2, head_dim=64, itemsize=2, vocab_size=320,
+                              activation_bytes_per_token=1000) > 5 * size
 
 
 def test_explicit_rungs_past_the_largest_step_are_refused_not_dropped():
@@ -173,17 +204,20 @@ def test_the_paged_path_is_taken_only_for_what_the_paged_attention_computes_as_u
     # Issue 18, item 3 ("safe when"): the TPU path gives the model a dispatching attention; models
     # whose attention it would not compute as upstream keep upstream's manager, unpatched.
     taken = [serving.ServeFacts(), serving.ServeFacts(attention="eager"), serving.ServeFacts(attention="paged|eager"),
-             serving.ServeFacts(layer_types=("sliding_attention", "full_attention"))]
+             serving.ServeFacts(layer_types=("sliding_attention", "full_attention")),
+             serving.ServeFacts(attention="eager", attention_sinks=True),  # gpt-oss: the paged attention has sinks
+             serving.ServeFacts(latent_cache="deepseek_v3"), serving.ServeFacts(latent_cache="deepseek_v2")]
     for facts in taken:
         assert serving.paged_path(facts)[0]
     refused = {
         "tensor parallelism": serving.ServeFacts(tp=serving.TPFacts(tp_size=2, heads=4, kv_heads=2)),
         "encoder-decoder": serving.ServeFacts(encoder_decoder=True),
+        "through generate()": serving.ServeFacts(media="images"),
         "flash_attention_2": serving.ServeFacts(attention="flash_attention_2"),
         "flex_attention": serving.ServeFacts(attention="flex_attention"),
         "linear_attention": serving.ServeFacts(layer_types=("full_attention", "linear_attention")),
         "chunked_attention": serving.ServeFacts(layer_types=("chunked_attention",)),
-        "sinks": serving.ServeFacts(attention_sinks=True),
+        "multi-head latent attention": serving.ServeFacts(latent_cache="kimi_linear"),
         "eager_attention_forward": serving.ServeFacts(attention="eager", eager_function=False),
     }
     for reason, facts in refused.items():
@@ -282,3 +316,18 @@ def test_the_serve_kv_cache_setting_reads_its_variable_and_refuses_other_formats
     assert "TRANSFORMERS_TPU_EXT_SERVE_KV_CACHE='fp8'" in problem
     assert serving.configure(kv_cache="int8").kv_cache == "int8"
     serving.reset()
+
+
+def test_a_model_that_reads_images_is_served_through_generate():
+    # Issue 38: Transformers' continuous batching takes text only; a vision-language model's manager runs
+    # unpatched, and the one WARNING names what serves image requests on TPU: generate().
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, LlamaConfig
+
+    from transformers_tpu_ext.serving.patch_continuous_batching import _media
+
+    assert _media(AutoConfig.for_model("llava")) == "images"
+    assert _media(AutoConfig.for_model("qwen2_vl")) == "images"
+    assert _media(LlamaConfig()) is None
+    taken, why = serving.paged_path(serving.ServeFacts(media="images"))
+    assert not taken and "generate()" in why and "docs/generation.md" in why

@@ -1,8 +1,10 @@
 """The simulated ``torch.tpu.pallas.jax_op`` (``transformers_tpu_ext.testing.pallas``; needs JAX).
 
-JAX's ragged paged attention kernel through ``jax_op`` runs the kernel's reference on the same inputs
-(eagerly and inside a graph the ``"tpu"`` backend compiled), counts the K/V bytes of the pages each
-sequence's ``kv_len`` covers, and refuses what the kernel refuses when a chip traces it.
+JAX's ragged paged attention kernel behind an annotated function through ``jax_op`` is lowered for the
+simulated chip, then runs the kernel's reference on the same inputs (eagerly and inside a graph the
+``"tpu"`` backend compiled), counts the K/V bytes of the pages each sequence's ``kv_len`` covers, and
+refuses what torch_tpu refuses when it registers the function (no return annotation: JAX's kernel itself)
+and what the kernel refuses when a chip traces and lowers it (no block sizes: JAX sees no TPU).
 """
 
 from __future__ import annotations
@@ -21,14 +23,25 @@ from transformers_tpu_ext.testing import pallas  # noqa: E402
 HEADS, KV_HEADS, DIM, PAGE, PAGES, SEQS, WIDTH = 4, 2, 128, 16, 32, 4, 4
 
 
+import jax  # noqa: E402
+
+
+def kernel(q: jax.Array, kv: jax.Array, kv_lens: jax.Array, pages: jax.Array, cu: jax.Array, seqs: jax.Array) -> jax.Array:
+    return rpa.ragged_paged_attention(q, kv, kv_lens, pages, cu, seqs, sm_scale=0.125, num_kv_pages_per_block=2,
+                                      num_queries_per_block=16)
+
+
+def guessing_kernel(q: jax.Array, kv: jax.Array, kv_lens: jax.Array, pages: jax.Array, cu: jax.Array,
+                    seqs: jax.Array) -> jax.Array:
+    return rpa.ragged_paged_attention(q, kv, kv_lens, pages, cu, seqs, sm_scale=0.125)  # block sizes from jax.devices()
+
+
 @pytest.fixture(scope="module")
 def op(plugin_patches_off):
     from transformers_tpu_ext import testing
 
     testing.install(chips=1)
-    return torch.tpu.pallas.jax_op(
-        "tests_pallas::ragged_paged_attention", functools.partial(rpa.ragged_paged_attention, sm_scale=0.125)
-    )
+    return torch.tpu.pallas.jax_op("tests_pallas::ragged_paged_attention", kernel)
 
 
 def _inputs(head_dim=DIM, kv_heads=KV_HEADS, dtype=torch.float32):
@@ -74,9 +87,9 @@ def test_jax_op_runs_inside_a_compiled_graph(op, simulated_tpu):
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        (lambda a: a.__setitem__(2, a[2].long()), ValueError, "must be int32"),
+        (lambda a: a.__setitem__(2, a[2].long()), TypeError, "takes it as a 32-bit array"),
         (lambda a: a.__setitem__(0, a[0][:, :, :64].contiguous()) or a.__setitem__(1, a[1][..., :64].contiguous()),
-         ValueError, "ragged_paged_attention cannot take"),  # head size 64: the kernel's trace refuses it
+         ValueError, "does not lower for a TPU v6 lite"),  # head size 64 unpacked: the kernel's lowering refuses it
         (lambda a: a.__setitem__(0, torch.randn(16, 6, DIM)) or a.__setitem__(1, torch.randn(PAGES, PAGE, 6, DIM)),
          ValueError, "can not be XLA fully tiled"),  # 3 key-value heads in float32
         (lambda a: a.__setitem__(0, a[0].to(torch.complex64)), NotImplementedError, "Unsupported dtype for pallas kernels"),
@@ -90,8 +103,29 @@ def test_jax_op_refuses_what_the_kernel_refuses(op, change, error, message):
         op(*[a.to("tpu") for a in args])
 
 
+def test_jax_op_refuses_jax_s_kernel_itself_as_torch_tpu_does(op):
+    # torch_tpu 0.2.0 reads the function's annotations: the kernel has no return annotation
+    with pytest.raises(ValueError, match="The return annotation is invalid"):
+        torch.tpu.pallas.jax_op("tests_pallas::partial", functools.partial(rpa.ragged_paged_attention, sm_scale=0.125))
+
+
+def test_a_kernel_left_to_guess_its_block_sizes_fails_as_in_torch_tpu_s_process(op):
+    guessing = torch.tpu.pallas.jax_op("tests_pallas::guessing", guessing_kernel)
+    with pytest.raises(ValueError, match="TPU version must be 4 or higher"):  # JAX sees no TPU there
+        guessing(*[a.to("tpu") for a in _inputs()])
+
+
 def test_jax_op_takes_tensors_only_and_one_chip(op):
     with pytest.raises(NotImplementedError, match="one chip"):
         torch.tpu.pallas.jax_op("tests_pallas::meshed", rpa.ragged_paged_attention, mesh=object())
-    with pytest.raises(NotImplementedError, match="one chip"):
+    # get_pallas_mesh refuses first what torch_tpu refuses (tests/simulator/test_surface_wheel.py), then the mesh
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         torch.tpu.pallas.get_pallas_mesh(("x",), (1,))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(NotImplementedError, match="one chip"):
+            torch.tpu.pallas.get_pallas_mesh(("x",), (1,))
+    finally:
+        dist.destroy_process_group()

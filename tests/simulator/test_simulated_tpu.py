@@ -505,6 +505,22 @@ def test_compile_backend_tpu_counts_one_graph_and_no_eager_programs(sim):
     assert sim.counters().graphs_compiled == 2
 
 
+def test_torchdynamo_runs_the_simulators_dispatch_as_a_chip_runs_its_kernels(sim):
+    """torch_tpu's operators, factories and transfers are C++, which TorchDynamo never converts. The simulator's are
+    Python: an eager stretch of a compiled function (a frame TorchDynamo gives up on, as TRL's fused LM head makes
+    of Transformers' output capturing) ran them under TorchDynamo, which converted ``TpuTensor._wrap_cpu`` and
+    failed on the half-built tensor ("'TpuTensor' object has no attribute '_cpu'"). They are skipped."""
+    from torch._dynamo import trace_rules
+
+    from transformers_tpu_ext.testing import compile_backend, device, factories
+
+    torch.compile(_fn, backend="tpu")(torch.randn(3, device="tpu"), torch.randn(3, device="tpu"))  # TorchDynamo imported
+    for module in (device, factories):
+        assert trace_rules.check_file(module.__file__).skipped, module.__name__
+    assert {"device", "factories", "device_storage", "generators"} <= set(compile_backend.DISPATCH_MODULES)
+    assert not trace_rules.check_file(compile_backend.__file__.replace("compile_backend", "tpu_module")).skipped
+
+
 def test_compile_backend_tpu_rejects_mode(sim):
     x = torch.randn(3, device="tpu")
     with pytest.raises(Exception, match=r"Unexpected keyword arguments: \{'mode': 'reduce-overhead'\}"):
@@ -655,3 +671,14 @@ def test_accelerator_empty_cache_works_as_on_a_chip(simulated_tpu):
     torch.accelerator.empty_cache()
     clear_device_cache(garbage_collection=True)  # whichever backend module this Accelerate picks
     assert kept.cpu().tolist() == [1.0] * 4
+
+
+def test_a_tensor_made_from_tpu_scalars_reads_them_like_a_chip(sim):
+    # Qwen2-VL's get_rope_index: torch.tensor([positions.max() + 1 - n, ...], device=...). PyTorch reads each
+    # element with item() with the Python dispatcher excluded, where a Python backend's kernel is not found.
+    positions = torch.arange(5, device="tpu")
+    before = sim.counters()
+    made = torch.tensor([positions.max() + 1 - 3, positions.max() - 1], device="tpu")
+    assert made.device.type == "tpu" and made.cpu().tolist() == [2, 3]
+    assert (sim.counters() - before).d2h_bytes >= 16  # each element read on the host, as item() does on a chip
+    assert torch.tensor([1, positions[2]]).tolist() == [1, 2] and torch.as_tensor([positions[1], positions[2]]).tolist() == [1, 2]

@@ -193,11 +193,15 @@ def test_grpo_completions_that_stop_early_equal_cpu(simulated_tpu, tmp_path, lor
     tpu, epochs = _grpo(tmp_path, simulated_tpu, use_cpu=False, stops=stops, lora=lora, cache_only=False)
     _check_like_cpu(cpu, tpu)
     assert len(set(_logged(cpu, "completions/mean_length"))) > 3  # the lengths vary
-    # TRL 1.16 indexes by a count on the device: eos_idx[is_eos.any(dim=1)] = ... (the completions that
-    # hold an end-of-sequence token) and completions/*_terminated_length over lengths[~is_truncated]:
-    # a tiny program per count not seen before. Nothing else compiles in the second epoch.
-    counts = [key for _, key in epochs.new if "torch.Size([" in key and "," not in key.split("Size([")[1].split("])")[0]]
-    assert len(counts) == len(epochs.new), [key[:160] for _, key in epochs.new if key not in counts]
+    # TRL 1.16 indexes by a count: eos_idx[is_eos.any(dim=1)] = ... (the completions that hold an
+    # end-of-sequence token) and completions/*_terminated_length over lengths[~is_truncated]. On the host
+    # (host_counts): no program per count (before: a tiny program per count not seen yet). What the second
+    # epoch may still compile is one branch of TRL's metrics, for a batch with no terminated completion
+    # (torch.zeros(1) and its mean, min, max), if no first-epoch batch took it; warmup() takes it
+    # (tests/training/test_trl_trainers.py).
+    branch = {"aten.zero_", "aten.mean", "aten.min", "aten.max"}
+    others = [key for _, key in epochs.new if not (key.split("op='")[1].split("'")[0] in branch and "torch.Size([1])" in key)]
+    assert others == [], [key[:160] for key in others]
 
 
 @pytest.mark.slow

@@ -69,60 +69,9 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 import _training  # noqa: E402
+from _trl import COMMON, TOLERANCE, lora as _lora, pairs as _pairs, sft_data as _sft_data, steady  # noqa: E402
 
-from transformers_tpu_ext.testing.tiny import TINY_TEXT, tiny_lm_dataset, tiny_model, tiny_tokenizer  # noqa: E402
-
-TOLERANCE = 1e-3
-COMMON = dict(
-    per_device_train_batch_size=4, num_train_epochs=2, logging_steps=1, report_to=[], learning_rate=1e-3,
-    save_strategy="no", seed=0, disable_tqdm=True, bf16=False,  # TRL's configs default to bf16
-)
-
-
-def _steady_second_epoch(sim, cache_only=True):
-    """A callback: cache-only mode from the second epoch on (a new program raises), the programs
-    each step of that epoch compiled, and what they were (``new``: kind and key)."""
-    from transformers import TrainerCallback
-
-    class SecondEpoch(TrainerCallback):
-        steps: list = []
-        new: list = []
-
-        def on_epoch_begin(self, args, state, control, **kwargs):
-            if state.epoch and state.epoch >= 1 and not args.use_cpu:
-                self._entries = len(torch.tpu._get_cache_stats()["entries"])
-                torch.tpu._set_cache_only(cache_only)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._before = sim.counters()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.epoch and state.epoch > 1:
-                after = sim.counters() - self._before
-                self.steps.append(after.graphs_compiled + after.eager_programs)
-
-        def on_train_end(self, args, state, control, **kwargs):
-            torch.tpu._set_cache_only(False)
-            if not args.use_cpu:
-                self.new = [(e.get("kind"), str(e.get("key"))) for e in torch.tpu._get_cache_stats()["entries"][self._entries:]]
-
-    callback = SecondEpoch()
-    callback.steps, callback.new = [], []
-    return callback
-
-
-def _lora():
-    from peft import LoraConfig
-
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
-
-
-def _sft_data(completion_only: bool):
-    ids = [row["input_ids"] for row in tiny_lm_dataset(16, seed=3, max_length=60)]
-    columns = {"input_ids": ids}
-    if completion_only:
-        columns["completion_mask"] = [[0] * (len(x) // 2) + [1] * (len(x) - len(x) // 2) for x in ids]
-    return datasets.Dataset.from_dict(columns)
+from transformers_tpu_ext.testing.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 
 def _sft(tmp, sim, *, use_cpu, mode, lora):
@@ -133,7 +82,7 @@ def _sft(tmp, sim, *, use_cpu, mode, lora):
         output_dir=str(tmp), use_cpu=use_cpu, packing=mode == "packed", max_length=128,
         completion_only_loss=mode == "completion", **COMMON,
     )
-    callback = _steady_second_epoch(sim)
+    callback = steady(sim)
     trainer = trl.SFTTrainer(
         model=tiny_model("qwen3", seed=0), args=config, train_dataset=_sft_data(mode == "completion"),
         processing_class=tokenizer, callbacks=[callback], peft_config=_lora() if lora else None,
@@ -143,22 +92,12 @@ def _sft(tmp, sim, *, use_cpu, mode, lora):
     return trainer, callback.steps, batch
 
 
-def _pairs():
-    words = " ".join(TINY_TEXT).split()
-    rows = {"prompt": [], "chosen": [], "rejected": []}
-    for i in range(12):
-        rows["prompt"].append(" ".join(words[i * 3: i * 3 + 2 + i % 5]))
-        rows["chosen"].append(" " + " ".join(words[i * 5: i * 5 + 3 + i % 4]))
-        rows["rejected"].append(" " + " ".join(words[i * 7 + 1: i * 7 + 2 + i % 6]))
-    return datasets.Dataset.from_dict(rows)
-
-
 def _dpo(tmp, sim, *, use_cpu, lora):
     _training.reset_accelerate()
     tokenizer = tiny_tokenizer()
     tokenizer.padding_side = "right"
     config = trl.DPOConfig(output_dir=str(tmp), use_cpu=use_cpu, max_length=64, **COMMON)
-    callback = _steady_second_epoch(sim, cache_only=False)
+    callback = steady(sim)
     trainer = trl.DPOTrainer(
         model=tiny_model("qwen3", seed=0), ref_model=None if lora else tiny_model("qwen3", seed=0), args=config,
         train_dataset=_pairs(), processing_class=tokenizer, callbacks=[callback], peft_config=_lora() if lora else None,
@@ -200,23 +139,21 @@ def test_sft_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, mode, lora):
 def test_dpo_reaches_steady_state_like_cpu(simulated_tpu, tmp_path, lora):
     cpu, _, _ = _dpo(tmp_path / "cpu", simulated_tpu, use_cpu=True, lora=lora)
     tpu, epoch, batch = _dpo(tmp_path / "tpu", simulated_tpu, use_cpu=False, lora=lora)
-    # TRL 1.16 logs logits/chosen and logits/rejected as x[completion_mask.bool()].sum(): a 1-D sum
-    # whose length is the batch's count of completion tokens, a tiny program per new count (see
-    # docs/training.md). Everything else (forward, backward, loss, optimizer) compiled nothing.
-    metric = [key for kind, key in epoch.new if "aten.sum" in key and "torch.Size([" in key and "," not in key.split("Size([")[1].split("])")[0]]
-    assert len(metric) == len(epoch.new), [key[:120] for _, key in epoch.new if key not in metric]
-    assert len(epoch.steps) == 3 and sum(epoch.steps) <= 2 * len(epoch.steps), epoch.steps
-    _check(cpu, tpu, [0], batch)
+    # TRL 1.16 logs logits/chosen and logits/rejected as x[completion_mask.bool()].sum(): a 1-D sum whose
+    # length is the batch's count of completion tokens. Those sums run on the host (host_counts): the second
+    # epoch, in cache-only mode, compiled nothing at all (before: a tiny program per count not seen yet).
+    assert len(epoch.steps) == 3 and epoch.new == [], [key[:120] for _, key in epoch.new]
+    _check(cpu, tpu, epoch.steps, batch)
     assert batch["input_ids"].shape[0] == 8  # 4 pairs, no rows added: the halves stay chosen / rejected
-    for key in ("rewards/chosen", "rewards/margins"):
+    for key in ("rewards/chosen", "rewards/margins", "logits/chosen", "logits/rejected"):
         got = [e[key] for e in tpu.state.log_history if key in e]
         want = [e[key] for e in cpu.state.log_history if key in e]
         assert got and _training.max_diff(got, want) < TOLERANCE
 
 
 @pytest.mark.slow  # most of it is importing TRL's trainers
-def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path, caplog):
-    from transformers_tpu_ext.core import wrapping
+def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path):
+    from transformers_tpu_ext.training.buckets import plan_batch, sequence_ladder
     from transformers_tpu_ext.training.facts import source_facts
 
     def sft(**extra):
@@ -227,10 +164,12 @@ def test_the_facts_read_off_trl_trainers(simulated_tpu, tmp_path, caplog):
 
     known = source_facts(sft(), None, True)
     assert not known.custom_loss and known.keeps_rows
-    wrapping._warned.discard("batches left as the collator made them: TRL's SFT loss with a compute_loss_func of your own: whether it ignores padding is unknown")
     own = source_facts(sft(compute_loss_func=lambda outputs, labels, num_items_in_batch=None: outputs.logits.sum()), None, True)
     assert own.custom_loss and not own.keeps_rows
-    assert any("compute_loss_func of your own" in r.getMessage() for r in caplog.records)
+    reason = plan_batch({"input_ids": (4, 40), "labels": (4, 40)}, ladder=sequence_ladder(), source=own)
+    # said once in the log when the first batch is left alone, naming the trainer and the way to declare it
+    assert reason.startswith("SFTTrainer: TRL's SFT loss with a compute_loss_func of your own: whether it ignores padding")
+    assert "transformers_tpu_ext.training.ignores_padding" in reason
 
 
 def test_a_subclass_that_changes_a_loss_helper_is_a_loss_of_your_own(simulated_tpu, tmp_path):

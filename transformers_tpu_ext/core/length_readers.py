@@ -154,6 +154,7 @@ class LengthPlan:
     reason: str
     pad: bool = True
     chunk: int | None = None
+    warn: bool = False  # said at WARNING when left to upstream (else at DEBUG)
 
 
 def generation_plan(
@@ -185,6 +186,17 @@ def generation_plan(
             f"the sequence passes original_max_position_embeddings={reset}: the model drops its cache there "
             "and recomputes the sequence (Phi-3's long factors)",
         )
+    for rotary in model.readers:
+        last_length = longest + max(new_tokens, 1) - 1  # max(position_ids) + 1 of the call's last forward
+        if ROPE_TYPES[rotary.rope_type].stateful and rotary.threshold is not None and last_length > rotary.threshold:
+            return LengthPlan(
+                True,
+                f"rope_type={rotary.rope_type!r} past max_position_embeddings={rotary.threshold}: its frequencies follow "
+                "the longest length seen (Transformers' dynamic_rope_update branches on a tensor read on the host and "
+                "keeps that length as module state, int or tensor by history), so the compiled steps' graphs depend on "
+                "the calls before; this call runs Transformers' generate()",
+                warn=True,
+            )
     pad = padded is not None
     why = []
     if pad and reset is not None and padded + max(new_tokens, 1) - 1 > reset:
@@ -283,6 +295,8 @@ _EXAMPLES: tuple[tuple[str, str, ModelLengths, int, int, int, int | None, int | 
      "any prompt", ModelLengths((Rotary("default"),)), 5000, 5000, 100, 5056, 64, None),
     ("dynamic NTK (`rope_type=\"dynamic\"`, `max_position_embeddings=4096`)", "a 3,000-token prompt",
      _DYNAMIC_4K, 3000, 3000, 200, 3008, 64, None),
+    ("dynamic NTK", "a 3,000-token prompt, 2,000 new tokens (the sequence passes 4,096)", _DYNAMIC_4K, 3000, 3000, 2000,
+     3008, 64, None),
     ("dynamic NTK", "a 6,000-token prompt", _DYNAMIC_4K, 6000, 6000, 200, 6016, 64, None),
     ("dynamic NTK", "a 6,000-token prompt, your `prefill_chunk_size=512`", _DYNAMIC_4K, 6000, 6000, 200, 6016, 64, 512),
     ("Phi-3.5-mini (`rope_type=\"longrope\"`, `original_max_position_embeddings=4096`)",

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.wrapping import fail_safe
+from ..core.wrapping import fail_safe, warn_once
 from . import config as settings_module
 from . import policy
 from .views import Padding
@@ -48,6 +48,10 @@ class CallState:
     user_callbacks: frozenset = frozenset()
     #: ``recurrent.recurrent_path`` of a model with recurrent layers (its 2D mask is sliced per forward).
     recurrent: Any = None
+    #: The vision-language plan of a padded call with media inputs (``multimodal.media_plan``), else ``None``,
+    #: and its padded token ids (for the model's own placeholder check, ``wrap_media``).
+    media: Any = None
+    media_ids: Any = None
 
 
 #: The call in flight in this thread or task (``None`` outside a TPU ``generate()``).
@@ -99,13 +103,16 @@ def model_kind(model: Any) -> policy.ModelKind:
     from .static_cache import text_layer_types
 
     parameters = inspect.signature(model.forward).parameters
+    encoder_decoder = bool(model.config.is_encoder_decoder)
+    positions = "decoder_position_ids" if encoder_decoder else "position_ids"  # the decoder's, for an encoder-decoder
     layer_types = text_layer_types(model)
     return policy.ModelKind(
-        encoder_decoder=bool(model.config.is_encoder_decoder),
+        encoder_decoder=encoder_decoder,
+        family=getattr(model.config, "model_type", None),
         supports_default_cache=model._supports_default_dynamic_cache(),
         layer_types=layer_types,
         accepts_attention_mask="attention_mask" in parameters,
-        accepts_position_ids="position_ids" in parameters,
+        accepts_position_ids=positions in parameters,
         custom_mask_function=custom_masks(model),
         causal=getattr(model.config, "is_causal", True) is not False,
         recurrent=model_path(model, layer_types),
@@ -154,3 +161,11 @@ def report_failure(where: str, error: Exception) -> None:
         logger.warning(
             "transformers-tpu-ext: %s failed (%s: %s); falling back to the unpatched call", where, type(error).__name__, error
         )
+
+
+def warn_unaccelerated(model: Any, where: str, reason: str, hint: str | None) -> None:
+    """One WARNING per model class and reason for a call the plugin does not accelerate (``policy.notice``;
+    nothing for the caller's own choices, which ``TRANSFORMERS_VERBOSITY=debug`` shows)."""
+    message = policy.notice(type(model).__name__, where, reason, hint)
+    if message is not None:
+        warn_once(message)

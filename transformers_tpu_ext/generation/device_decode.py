@@ -265,12 +265,15 @@ def sample_on_device(
     cache = model_kwargs.get(key)
     positions = model_kwargs.get("position_ids")
     if positions is not None:
-        positions = (positions[:, -1:] - 1).to(device)  # the prefill's last position; the choice adds one
+        # The prefill's last position (every axis of a multimodal model's 3-D positions); the choice adds one.
+        positions = (positions[..., -1:] - 1).to(device)
     step_kwargs = {
         name: value
         for name, value in model_kwargs.items()
         if name not in ("attention_mask", "position_ids", key, "inputs_embeds")
     }
+    if isinstance(step_kwargs.get("mm_token_type_ids"), torch.Tensor):  # upstream appends text (0) every step
+        step_kwargs["mm_token_type_ids"] = step_kwargs["mm_token_type_ids"].new_zeros((rows, 1)).to(device)
 
     chosen, positions = selector(outputs.logits[:, -1, :], positions, input_ids.shape[1] - padding.pad)
     del outputs

@@ -2,7 +2,9 @@
 
 - :func:`kv_cache_choice`: whether the static cache a handled call made is stored in int8
   (``TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8``), from :class:`KVFacts`;
-- :func:`tpu_compile_settings`: the ``CompileConfig`` settings the ``tpu`` backend takes.
+- :func:`tpu_compile_settings`: the ``CompileConfig`` settings the ``tpu`` backend takes;
+- :func:`processors_needed`: the generation options whose logits processors need the host (:data:`HOST_OPTIONS`);
+- :func:`callback_device`: where a handled call's user callbacks get their tensors.
 
 Both are also importable from :mod:`transformers_tpu_ext.generation.policy`, with the other predicates.
 """
@@ -13,7 +15,16 @@ from dataclasses import dataclass
 
 from ..quantization import kv_format
 
-__all__ = ["PORTABLE_BACKENDS", "QUANTIZED_IS_UPSTREAMS", "KVFacts", "kv_cache_choice", "tpu_compile_settings"]
+__all__ = [
+    "HOST_OPTIONS",
+    "PORTABLE_BACKENDS",
+    "QUANTIZED_IS_UPSTREAMS",
+    "KVFacts",
+    "callback_device",
+    "kv_cache_choice",
+    "processors_needed",
+    "tpu_compile_settings",
+]
 
 
 @dataclass(frozen=True)
@@ -90,3 +101,68 @@ def tpu_compile_settings(backend: object, mode: object, options: object, dynamic
         new_dynamic = False
         changes.append("dynamic=False")
     return dict(backend=new_backend, mode=new_mode, options=new_options, dynamic=new_dynamic), changes
+
+
+#: Generation options whose processors read the sequences (or are not implemented on the device).
+HOST_OPTIONS = (
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "bad_words_ids",
+    "sequence_bias",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "guidance_scale",
+    "watermarking_config",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "top_h",
+    "renormalize_logits",
+    "remove_invalid_values",
+    "token_healing",
+    "encoder_repetition_penalty",
+    "encoder_no_repeat_ngram_size",
+)
+_NEUTRAL = {
+    "repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "guidance_scale": (None, 1, 1.0),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "renormalize_logits": (None, False),
+    "remove_invalid_values": (None, False),
+    "token_healing": (None, False),
+    "encoder_repetition_penalty": (None, 1.0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+}
+
+
+def processors_needed(options: dict[str, object]) -> list[str]:
+    """The generation options set in ``options`` that need the host path (empty: the device can decode).
+
+    ``options`` maps generation-config field names to values; fields absent count as unset.
+    """
+    needed = []
+    for name in HOST_OPTIONS:
+        value = options.get(name)
+        if value in _NEUTRAL.get(name, (None,)):
+            continue
+        needed.append(name)
+    return needed
+
+
+def callback_device(input_device: str | None) -> tuple[str, str]:
+    """Where a handled call's user callbacks (logits processors, stopping criteria,
+    ``prefix_allowed_tokens_fn``) get their tensors: ``"caller"`` (moved to the device of the call's
+    inputs, as upstream hands them: its loop keeps ``input_ids`` where the caller put them) or
+    ``"host"`` (they are there already). The plugin's loop keeps the growing tensors on the host; a
+    processor that holds a tensor made on ``model.device`` adds it to the scores, and a TPU refuses
+    an operation mixing a host and a device tensor."""
+    if input_device in (None, "cpu", "meta"):
+        return "host", "the call's inputs are on the host: upstream's callbacks get host tensors too"
+    return "caller", f"the call's inputs are on {input_device}: callbacks get {input_device} tensors, as upstream gives them"
+

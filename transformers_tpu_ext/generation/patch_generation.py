@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.relies import Attribute, Signature
 from ..core.wrapping import Wraps
-from . import wrap_compile, wrap_decoding, wrap_generate, wrap_prepare
+from . import wrap_compile, wrap_decoding, wrap_generate, wrap_media, wrap_prepare
 from .call import record_signature
 
 NAME = "generation"
@@ -97,11 +97,18 @@ _WRAPPERS = {
 }
 
 
+#: Wrapped where the installed release has them (Transformers 5.25 encodes images before the prefill).
+_OPTIONAL_WRAPPERS = {"_prepare_multimodal_encoder_kwargs_for_generation": wrap_media.prepare_multimodal_encoder}
+
+
 def apply(module: Any) -> None:
     mixin = module.GenerationMixin
     for name, wrapper in _WRAPPERS.items():
         record_signature(name, getattr(mixin, name))
         _wraps.wrap(mixin, name, wrapper)
+    for name, wrapper in _OPTIONAL_WRAPPERS.items():
+        if hasattr(mixin, name):
+            _wraps.wrap(mixin, name, wrapper)
     original = module.create_masks_for_generate
     _wraps.replace(module, "create_masks_for_generate", wrap_prepare.masks_for_generate(original))
 

@@ -26,12 +26,15 @@ logs every decision with its reason. See ``docs/generation.md`` ("Which path a c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .recurrent import RecurrentPath
-from .device_policy import (  # the KV cache's format and the compile settings, re-exported here
+from .recurrent import DOCS as RECURRENT_DOCS, RecurrentPath
+from .device_policy import (  # the KV cache's format, the compile settings, the host's options: re-exported here
+    HOST_OPTIONS,
     KVFacts,
+    callback_device,
     kv_cache_choice,
+    processors_needed,
     tpu_compile_settings,
 )
 
@@ -50,6 +53,7 @@ __all__ = [
     "cache_choice",
     "call_facts",
     "decode_path",
+    "notice",
     "kv_cache_choice",
     "mask_path",
     "plan_call",
@@ -79,7 +83,10 @@ DEVICE_PROCESSORS = frozenset(
 #: Model inputs the device loop knows how to keep on the device between steps (the cache is ``cache`` from
 #: Transformers 5.24, ``past_key_values`` in 5.23).
 DEVICE_MODEL_KWARGS = frozenset(
-    {"cache", "past_key_values", "attention_mask", "position_ids", "use_cache", "logits_to_keep", "inputs_embeds"}
+    {"cache", "past_key_values", "attention_mask", "position_ids", "use_cache", "logits_to_keep", "inputs_embeds",
+     # per-column type ids: a decode step reads the last column (token_type_ids: upstream repeats the prompt's last
+     # value, which the prompt's tensor sliced gives; mm_token_type_ids: upstream appends text, 0, which the loop feeds)
+     "token_type_ids", "mm_token_type_ids"}
 )
 
 
@@ -101,8 +108,8 @@ class ModelKind:
     accepts_position_ids: bool = True  # else it derives positions itself (from the cache, the columns...)
     custom_mask_function: bool = False  # it overrides create_masks_for_generate (multimodal models)
     causal: bool = True  # config.is_causal
-    #: ``recurrent.recurrent_path`` of a model with recurrent layers (state-space, hybrid), else ``None``.
-    recurrent: RecurrentPath | None = None
+    recurrent: RecurrentPath | None = None  # recurrent.recurrent_path: state-space and hybrid models, else None
+    family: str | None = None  # config.model_type
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,7 @@ class CallShape:
     inputs: str = "input_ids"  # "input_ids", "inputs_embeds" or "other" (pixel values, audio...)
     ids_bucketable: bool = True  # a 2D integer prompt with at least one token
     other_batched_inputs: bool = False  # per-row tensors we would have to pad too
+    other_inputs_reason: str | None = None  # why they cannot be padded (multimodal.media_plan), if known
     cache_object: bool = False  # a Cache object passed in (past_key_values= / cache=)
     logits_callbacks: bool = False  # a logits_processor list or a prefix_allowed_tokens_fn of the caller's
     eager_stance: bool = False  # called under torch.compiler.set_stance("force_eager")
@@ -124,9 +132,11 @@ class CallFacts:
 
     mode: str  # GenerationMode value, or "custom" for custom_generate
     encoder_decoder: bool = False
+    family: str | None = None  # config.model_type
     inputs: str = "input_ids"  # "input_ids", "inputs_embeds" or "other" (pixel values, audio...)
     ids_bucketable: bool = True  # a 2D integer prompt with at least one token
     other_batched_inputs: bool = False  # per-row tensors we would have to pad too
+    other_inputs_reason: str | None = None
     accepts_attention_mask: bool = True
     accepts_position_ids: bool = True
     user_cache: bool = False  # a Cache object passed in
@@ -176,12 +186,13 @@ def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape,
     return CallFacts(
         mode=call.mode,
         encoder_decoder=model.encoder_decoder,
+        family=model.family,
         inputs=call.inputs,
         ids_bucketable=call.ids_bucketable,
         other_batched_inputs=call.other_batched_inputs,
+        other_inputs_reason=call.other_inputs_reason,
         accepts_attention_mask=model.accepts_attention_mask,
-        # A handled recurrent family that reads no positions (Mamba) needs none.
-        accepts_position_ids=model.accepts_position_ids or (recurrent is not None and not recurrent.positions),
+        accepts_position_ids=model.accepts_position_ids or (recurrent is not None and not recurrent.positions),  # Mamba
         user_cache=call.cache_object,
         cache_implementation=option["cache_implementation"],  # type: ignore[arg-type]
         use_cache=option["use_cache"] is not False,
@@ -208,6 +219,32 @@ class CallPlan:
     static_cache: bool = False  # pick cache_implementation="static" (the caller asked for no cache)
     bucket: bool = False  # pad prompt length, batch and cache length to buckets
     pad_batch: bool = False  # dummy rows may round the batch up (never when they would draw random numbers)
+    pad_prompt: bool = True  # with ``bucket``: the prompt too (an encoder-decoder call: the cache length only)
+    #: What helps when the call is not accelerated for a reason that is not the caller's own setting (the
+    #: WARNING names it, once per model and reason: :func:`notice`); ``None``: the caller chose it (DEBUG only).
+    hint: str | None = field(default=None, compare=False)
+
+
+#: The docs sections the WARNINGs of unaccelerated calls point to.
+PATHS_DOCS = "docs/generation.md#which-path-a-call-takes"
+MODEL_DOCS = "docs/generation.md#vision-language-speech-and-encoder-decoder-models"
+LENGTH_DOCS = "docs/generation.md#models-whose-rotary-embedding-reads-the-length"
+
+#: What a call the plugin does not accelerate costs, by how far it is from the plugin's path.
+_EFFECTS = {
+    "upstream": "runs as plain Transformers (no compiled static cache, no buckets: new programs for new shapes)",
+    "unbucketed": "is not padded to buckets (every new prompt length or batch size compiles new programs)",
+    "host": "decodes on the host (every step's logits cross to the host)",
+}
+
+
+def notice(model: str, where: str, reason: str, hint: str | None) -> str | None:
+    """The WARNING for a ``generate()`` of ``model`` that is not accelerated (``where``: ``"upstream"``,
+    ``"unbucketed"`` or ``"host"``), or ``None`` when ``hint`` is ``None`` (the caller's own choice:
+    a setting, ``disable_compile``, a cache of their own kind, ``use_cache=False``; logged at DEBUG)."""
+    if hint is None:
+        return None
+    return f"generate() of {model} on TPU {_EFFECTS[where]}: {reason} (see {hint})"
 
 
 def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, str]:
@@ -252,34 +289,65 @@ def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, s
     return "default", "no cache asked for: the static cache"
 
 
+#: The reasons that are the caller's own choice (a setting of the plugin's, an option that turns the compiled
+#: static cache off): logged at DEBUG only, never a WARNING.
+CALLER_CHOICES = (
+    "use_cache=False",
+    "cache_implementation=",
+    "the static cache by default is off",
+    "disable_compile=True",
+    'torch.compiler.set_stance("force_eager")',
+    "bucketing disabled",
+    "device decoding disabled",
+)
+
 #: Why an encoder-decoder model's call is upstream's (the glue says it before any planning).
-ENCODER_DECODER = "encoder-decoder model: its encoder needs the inputs on the device"
+ENCODER_DECODER = "encoder-decoder model"
 
 
 def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallPlan:
     """Decide how a ``generate()`` call runs on TPU (``static_cache``/``bucketing``: the settings)."""
-    if facts.encoder_decoder:
-        return CallPlan(True, ENCODER_DECODER)
     if facts.mode not in HANDLED_MODES:
-        return CallPlan(True, f"{facts.mode} decoding is left to upstream")
+        return CallPlan(True, f"{facts.mode} decoding is left to upstream", hint=PATHS_DOCS)
+    if facts.encoder_decoder:
+        return _encoder_decoder_plan(facts, static_cache, bucketing)
     if facts.inputs == "other":
-        return CallPlan(True, "non-text main input (pixel values, audio...) is left to upstream")
+        return CallPlan(True, "non-text main input (pixel values, audio...) is left to upstream", hint=MODEL_DOCS)
     if facts.token_healing:
-        return CallPlan(True, "token_healing re-tokenizes the prompt inside generate()")
+        return CallPlan(True, "token_healing re-tokenizes the prompt inside generate()", hint=PATHS_DOCS)
     if facts.guidance:
         # Its logits processor runs the model on the sequences, which a handled call keeps on the CPU.
-        return CallPlan(True, "classifier-free guidance runs the model on the sequences inside a logits processor")
+        return CallPlan(True, "classifier-free guidance runs the model on the sequences inside a logits processor",
+                        hint=PATHS_DOCS)
     kind, why = cache_choice(facts, static_cache=static_cache)
     if kind is None:
-        return CallPlan(True, why)
+        docs = RECURRENT_DOCS if facts.recurrent is not None else PATHS_DOCS
+        return CallPlan(True, why, hint=None if why.startswith(CALLER_CHOICES) else docs)
     default_static = kind == "default"
     why_not = _why_not_bucketed(facts, bucketing)
     if why_not:
-        return CallPlan(False, why_not, static_cache=default_static)
+        hint = None if why_not.startswith(CALLER_CHOICES) else (MODEL_DOCS if facts.other_batched_inputs else PATHS_DOCS)
+        return CallPlan(False, why_not, static_cache=default_static, hint=hint)
     # Dummy rows would each draw a random number per step on the host path, shifting the real rows'
     # stream away from the unpatched call's: sampling on the host runs with the batch as given.
     pad_batch = not facts.do_sample or (facts.device_decode_possible and facts.mode in DEVICE_MODES)
     return CallPlan(False, "bucketed", static_cache=default_static, bucket=True, pad_batch=pad_batch)
+
+
+def _encoder_decoder_plan(facts: CallFacts, static_cache: bool, bucketing: bool) -> CallPlan:
+    """An encoder-decoder call (``seq2seq.ENCODER_DECODER_FAMILIES``): the static cache (upstream's own
+    ``EncoderDecoderCache`` of static caches), its length rounded up to a bucket; the decoder's prompt and the
+    batch as given. Any other family is upstream's."""
+    from .seq2seq import ENCODER_DECODER_FAMILIES
+
+    if facts.family not in ENCODER_DECODER_FAMILIES:
+        return CallPlan(True, f"{ENCODER_DECODER} ({facts.family}: not read)", hint=MODEL_DOCS)
+    kind, why = cache_choice(facts, static_cache=static_cache)
+    if kind is None:
+        return CallPlan(True, why, hint=None if why.startswith(CALLER_CHOICES) else MODEL_DOCS)
+    reason = f"{facts.family}: {ENCODER_DECODER_FAMILIES[facts.family]}"
+    return CallPlan(False, reason if bucketing else "bucketing disabled", static_cache=kind == "default",
+                    bucket=bucketing, pad_prompt=False)
 
 
 def _why_not_bucketed(facts: CallFacts, bucketing: bool) -> str | None:
@@ -289,64 +357,12 @@ def _why_not_bucketed(facts: CallFacts, bucketing: bool) -> str | None:
     if facts.inputs != "input_ids" or not facts.ids_bucketable:
         return "the prompt is not a 2D tensor of token ids"
     if facts.other_batched_inputs:
-        return "other per-row inputs would need padding too"
+        return facts.other_inputs_reason or "other per-row inputs would need padding too"
     if not facts.accepts_attention_mask:
         return "the model takes no attention mask"
     if facts.outputs_attentions_or_states:
         return "attentions/hidden states are returned with the padded shapes"
     return None
-
-
-#: Generation options whose processors read the sequences (or are not implemented on the device).
-HOST_OPTIONS = (
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "bad_words_ids",
-    "sequence_bias",
-    "forced_bos_token_id",
-    "forced_eos_token_id",
-    "exponential_decay_length_penalty",
-    "suppress_tokens",
-    "begin_suppress_tokens",
-    "guidance_scale",
-    "watermarking_config",
-    "typical_p",
-    "epsilon_cutoff",
-    "eta_cutoff",
-    "top_h",
-    "renormalize_logits",
-    "remove_invalid_values",
-    "token_healing",
-    "encoder_repetition_penalty",
-    "encoder_no_repeat_ngram_size",
-)
-_NEUTRAL = {
-    "repetition_penalty": (None, 1.0),
-    "no_repeat_ngram_size": (None, 0),
-    "guidance_scale": (None, 1, 1.0),
-    "typical_p": (None, 1.0),
-    "epsilon_cutoff": (None, 0.0),
-    "eta_cutoff": (None, 0.0),
-    "renormalize_logits": (None, False),
-    "remove_invalid_values": (None, False),
-    "token_healing": (None, False),
-    "encoder_repetition_penalty": (None, 1.0),
-    "encoder_no_repeat_ngram_size": (None, 0),
-}
-
-
-def processors_needed(options: dict[str, object]) -> list[str]:
-    """The generation options set in ``options`` that need the host path (empty: the device can decode).
-
-    ``options`` maps generation-config field names to values; fields absent count as unset.
-    """
-    needed = []
-    for name in HOST_OPTIONS:
-        value = options.get(name)
-        if value in _NEUTRAL.get(name, (None,)):
-            continue
-        needed.append(name)
-    return needed
 
 
 @dataclass(frozen=True)
@@ -366,12 +382,19 @@ class LoopFacts:
     cache: str = "static"
     use_cache: bool = True
     causal: bool = True  # config.is_causal
+    #: Model inputs upstream's ``prepare_inputs_for_generation`` drops after the prefill (pixel values, pre-encoded
+    #: features: ``MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL``), so no decode step reads them.
+    prefill_only: frozenset[str] = frozenset()
+    encoder_decoder: bool = False
 
 
 @dataclass(frozen=True)
 class DecodePath:
     device: bool
     reason: str
+    #: As :attr:`CallPlan.hint`: set where the loop stays on the host because of the model (its own masks,
+    #: attention that is not causal), not because of an option the caller chose.
+    hint: str | None = field(default=None, compare=False)
 
 
 def mask_path(facts: LoopFacts) -> DecodePath:
@@ -385,9 +408,10 @@ def mask_path(facts: LoopFacts) -> DecodePath:
     if not facts.use_cache or facts.cache != "static":
         return DecodePath(False, f"not generate()'s static cache (here: {facts.cache})")
     if facts.custom_mask_function:
-        return DecodePath(False, "the model builds its own generation masks")
+        return DecodePath(False, "the model builds its own generation masks", MODEL_DOCS)
     if not facts.causal:
-        return DecodePath(False, "the model's attention is not causal (unwritten cache positions must stay masked)")
+        return DecodePath(False, "the model's attention is not causal (unwritten cache positions must stay masked)",
+                          MODEL_DOCS)
     return DecodePath(True, "2D mask sent once, 4D masks built on the device")
 
 
@@ -401,9 +425,11 @@ def decode_path(facts: LoopFacts) -> DecodePath:
         return DecodePath(False, "device decoding disabled")
     if facts.mode not in DEVICE_MODES:
         return DecodePath(False, f"{facts.mode} runs upstream's loop")
+    if facts.encoder_decoder:
+        return DecodePath(False, "an encoder-decoder model runs upstream's loop (the device loop is for decoders)", MODEL_DOCS)
     masks = mask_path(facts)
     if not masks.device:
-        return DecodePath(False, "the device loop needs the call's device mask: " + masks.reason)
+        return DecodePath(False, "the device loop needs the call's device mask: " + masks.reason, masks.hint)
     if facts.outputs_scores_or_logits:
         return DecodePath(False, "output_scores/output_logits need the scores on the host")
     if facts.outputs_attentions_or_states:
@@ -413,23 +439,11 @@ def decode_path(facts: LoopFacts) -> DecodePath:
     host = sorted(set(facts.processors) - DEVICE_PROCESSORS)
     if host:
         return DecodePath(False, "logits processors that need the host: " + ", ".join(host))
-    extra = sorted(set(facts.model_kwargs) - DEVICE_MODEL_KWARGS - _PASSIVE_KWARGS)
+    extra = sorted(set(facts.model_kwargs) - DEVICE_MODEL_KWARGS - _PASSIVE_KWARGS - facts.prefill_only)
     if extra:
         return DecodePath(False, "model inputs the device loop does not carry: " + ", ".join(extra))
     return DecodePath(True, "device")
 
 
 #: Model kwargs that are plain flags, not per-step tensors.
-def callback_device(input_device: str | None) -> tuple[str, str]:
-    """Where a handled call's user callbacks (logits processors, stopping criteria,
-    ``prefix_allowed_tokens_fn``) get their tensors: ``"caller"`` (moved to the device of the call's
-    inputs, as upstream hands them: its loop keeps ``input_ids`` where the caller put them) or
-    ``"host"`` (they are there already). The plugin's loop keeps the growing tensors on the host; a
-    processor that holds a tensor made on ``model.device`` adds it to the scores, and a TPU refuses
-    an operation mixing a host and a device tensor."""
-    if input_device in (None, "cpu", "meta"):
-        return "host", "the call's inputs are on the host: upstream's callbacks get host tensors too"
-    return "caller", f"the call's inputs are on {input_device}: callbacks get {input_device} tensors, as upstream gives them"
-
-
 _PASSIVE_KWARGS = frozenset({"output_attentions", "output_hidden_states", "return_dict"})

@@ -53,9 +53,11 @@ __all__ = [
     "whole_prompt_ladder",
 ]
 
+#: Where the docs explain these models (the WARNING of a call left to upstream points there).
+DOCS = "docs/generation.md#state-space-and-hybrid-models"
 #: The markers around the generated table in docs/generation.md.
 BEGIN = "<!-- generated: transformers_tpu_ext.generation.recurrent.family_table() -->"
-END = "<!-- end of generated family table -->"
+END = "<!-- end of generated state-space and hybrid family table -->"
 
 #: Layer types (``config.layer_types`` as Transformers' caches read them) whose cache layer holds a
 #: recurrent state (``LinearAttentionLayer``; ``"hybrid"``: with a full-attention layer beside it).

@@ -4,7 +4,7 @@ and the shapes it allows (glue, imported when a call needs it).
 - :func:`model_path`: ``recurrent.recurrent_path`` over the facts read off a model (its config's
   ``model_type`` and layer types, Transformers' own mixer classes among its modules, the family's
   bias field, what its forward takes); a model with recurrent layers the predicate does not
-  recognise is named once at WARNING.
+  recognise is named once at WARNING by the call's plan (``policy.plan_call``).
 - :func:`shapes`: a bucketed call's shapes for such a model: its prompt padded to a bucket only
   where the predicate proved the padding invisible, in one piece where its scan cannot continue a
   chunked prefill (a rung of ``recurrent.whole_prompt_ladder``).
@@ -20,7 +20,6 @@ import inspect
 import logging
 from typing import Any
 
-from ..core.wrapping import warn_once
 from . import buckets, recurrent
 
 __all__ = ["model_path", "shapes", "warmup_prompts"]
@@ -48,13 +47,11 @@ def facts(model: Any, layer_types: tuple[str, ...]) -> recurrent.RecurrentFacts:
 
 
 def model_path(model: Any, layer_types: tuple[str, ...]) -> recurrent.RecurrentPath | None:
-    """The model's ``recurrent.recurrent_path`` (``None``: no recurrent layers); one WARNING for a model left to upstream."""
+    """The model's ``recurrent.recurrent_path`` (``None``: no recurrent layers). A model left to upstream is named
+    once at WARNING by the call's plan (``policy.plan_call``: its reason, ``call.warn_unaccelerated``)."""
     if not set(layer_types) & recurrent.RECURRENT_LAYER_TYPES:
         return None
-    path = recurrent.recurrent_path(facts(model, layer_types))
-    if path is not None and not path.handled:
-        warn_once(f"generate() on TPU is Transformers' own (uncompiled, new programs for new shapes): {path.reason}")
-    return path
+    return recurrent.recurrent_path(facts(model, layer_types))
 
 
 def shapes(path: recurrent.RecurrentPath, settings: Any, plan: buckets.Plan, length: int, min_padding: int,

@@ -206,7 +206,12 @@ def attention_heads(model: Any) -> tuple[int, int] | None:
     ``num_kv_heads``, else ``num_key_value_groups`` (query heads per key-value head).
     """
     config = model.config.get_text_config(decoder=True)
-    for module in model.modules():
+    # The text decoder's attention (a vision-language model's vision tower comes first, with its own heads).
+    try:
+        decoder = model.get_decoder()
+    except Exception:  # noqa: BLE001 - a model without one: all its modules
+        decoder = None
+    for module in (decoder if decoder is not None else model).modules():
         head_dim = getattr(module, "head_dim", None)
         if not isinstance(head_dim, int) or isinstance(head_dim, bool):
             continue

@@ -26,6 +26,8 @@ def precompile(
     max_new_tokens: int,
     max_batch_size: int = 1,
     batch_sizes: Any = None,
+    processor: Any = None,
+    images: Any = None,
     **generate_kwargs: Any,
 ) -> list[buckets.Plan]:
     """Precompile the buckets of prompts up to ``max_prompt_length`` tokens, batches up to
@@ -38,6 +40,11 @@ def precompile(
     real batch size, so a sampling service passes the exact ``batch_sizes`` it serves, and a
     sampling warm-up runs one call per size given (``buckets.warmup_rows``). Off TPU it does nothing
     and returns ``[]``.
+
+    A vision-language model also takes its ``processor`` and ``images``: one image of each size the
+    service gets (the processor's output shapes depend on it); every bucket then runs once per sequence of
+    0 to ``batch`` images of those sizes (``multimodal.warmup_image_sets``), its prompt counted with the
+    images' tokens (``max_prompt_length`` too).
     """
     from ..backend import is_tpu
 
@@ -60,6 +67,11 @@ def precompile(
     else:  # prefilled in one piece: its longest rung may need a longer cache
         cache = max(cache, buckets.cache_bucket(max(prompts) + max_new_tokens, settings.cache_ladder(), settings.max_cache_len))
     token = _token(model)
+    if model.config.is_encoder_decoder:
+        return _precompile_encoder_decoder(model, rows, max_new_tokens, cache, {"do_sample": sampling, **generate_kwargs})
+    if processor is not None and images:
+        return _precompile_media(model, processor, list(images), rows, prompts, cache, token,
+                                 {"do_sample": sampling, **generate_kwargs}, settings)
     compiled = []
     with Progress(len(rows) * len(prompts), desc="warmup", unit="bucket") as progress:
         for batch in rows:
@@ -82,6 +94,81 @@ def precompile(
     return compiled
 
 
+def _media_row(processor: Any, image: Any, length: int, token: int) -> dict[str, Any] | None:
+    """One prompt row of ``length`` columns: ``image``'s placeholder tokens as the processor expands them
+    (none for ``None``) last, ``token`` before them, the per-column inputs the processor makes (0 on the
+    filler); ``None`` if the image does not fit."""
+    import torch
+
+    if image is None:  # the per-column inputs the processor makes for text too (Gemma 3's token_type_ids)
+        out = {k: v[:, :0] for k, v in processor(text=["a"], return_tensors="pt").items() if isinstance(v, torch.Tensor)}
+    else:
+        out = dict(processor(text=[processor.image_token], images=[[image]], return_tensors="pt"))
+    columns = out["input_ids"].shape
+    fill = length - columns[1]
+    if fill < 1:
+        return None
+    row = {}
+    for name, value in out.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == columns:
+            filler = {"input_ids": token, "attention_mask": 1}.get(name, 0)
+            value = torch.cat([value.new_full((1, fill), filler), value], dim=1)
+        row[name] = value
+    return row
+
+
+def _precompile_media(
+    model: Any, processor: Any, images: list, rows: list, prompts: list, cache: int, token: int, kwargs: dict, settings: Any
+) -> list[buckets.Plan]:
+    """:func:`precompile` for a vision-language model: every bucket once per sequence of images."""
+    import torch
+
+    from .multimodal import warmup_image_sets
+
+    compiled = []
+    runs = [(b, p, seq) for b in rows for p in prompts for seq in warmup_image_sets(b, len(images))]
+    with Progress(len(runs), desc="warmup", unit="bucket") as progress:
+        for batch, prompt, seq in runs:
+            parts = [_media_row(processor, images[i] if i is not None else None, prompt, token)
+                     for i in (*seq, *([None] * (batch - len(seq))))]
+            if any(part is None for part in parts):
+                progress.step(f"skipped batch {batch} x prompt {prompt} tokens: the images do not fit")
+                continue
+            call = {}
+            for name in {key for part in parts for key in part}:  # rows stacked; per-image inputs in row order
+                values = [part[name] for part in parts if name in part]
+                call[name] = torch.cat(values, dim=0)
+            call["attention_mask"][:, 0] = 0
+            call = {name: value.to(model.device) for name, value in call.items()}
+            model.generate(**call, max_new_tokens=2, max_cache_len=cache,
+                           **{"eos_token_id": None, "cache_implementation": "static", **kwargs})
+            compiled.append(buckets.Plan(batch, prompt, buckets.prefill_chunk(prompt, settings.prefill_chunk), cache))
+            progress.step(f"compiled batch {batch} x prompt {prompt} tokens, {len(seq)} images (cache {cache})")
+    return compiled
+
+
+def _precompile_encoder_decoder(model: Any, rows: list, max_new_tokens: int, cache: int, kwargs: dict) -> list[buckets.Plan]:
+    """:func:`precompile` for an encoder-decoder model (``seq2seq``: Whisper's fixed 30-s features): each batch
+    size makes 1 to ``max_new_tokens`` tokens (end of sequence suppressed), so its decode step, the cache length
+    and the post-processing of every transcript length (Whisper's ``generate()`` pads them on the device) exist."""
+    import torch
+
+    encoder = model.get_encoder()
+    frames = model.config.max_source_positions * encoder.conv1.stride[0] * encoder.conv2.stride[0]
+    eos = model.generation_config.eos_token_id
+    suppress = [*(model.generation_config.suppress_tokens or ()), *(eos if isinstance(eos, (list, tuple)) else [eos])]
+    compiled = []
+    with Progress(len(rows) * max_new_tokens, desc="warmup", unit="call") as progress:
+        for batch in rows:
+            features = torch.zeros((batch, model.config.num_mel_bins, frames), dtype=model.dtype, device=model.device)
+            for new in range(1, max_new_tokens + 1):
+                model.generate(features, max_new_tokens=new, max_cache_len=cache,
+                               **{"suppress_tokens": suppress, "cache_implementation": "static", **kwargs})
+                progress.step(f"batch {batch}, {new} new tokens (cache {cache})")
+            compiled.append(buckets.Plan(batch, 0, 0, cache))
+    return compiled
+
+
 def _token(model: Any) -> int:
     """A token id that is neither padding nor end of sequence."""
     config = model.generation_config
@@ -99,6 +186,8 @@ def warmup_generate(
     max_new_tokens: int,
     max_batch_size: int = 1,
     batch_sizes: Any = None,
+    processor: Any = None,
+    images: Any = None,
     **generate_kwargs: Any,
 ) -> list[Any]:
     """The ``generate()`` buckets within these limits (see ``docs/generation.md#warm-up``); returns
@@ -116,6 +205,8 @@ def warmup_generate(
             max_new_tokens=max_new_tokens,
             max_batch_size=max_batch_size,
             batch_sizes=batch_sizes,
+            processor=processor,
+            images=images,
             **generate_kwargs,
         )
         covered["cache"] = max((plan.cache for plan in plans), default=None)

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from . import policy
-from .call import CURRENT, CallState, bind, cache_key, custom_masks, in_handled_call, report_failure
+from .call import CURRENT, CallState, bind, cache_key, custom_masks, in_handled_call, report_failure, warn_unaccelerated
 from .sampling import draws_on_device
 from .views import CriteriaView, ProcessorsView, on_device
 
@@ -34,6 +34,8 @@ def sample(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         report_failure("_sample", error)
         path = masks = policy.DecodePath(False, "fallback")
     logger.debug("transformers-tpu-ext: decoding loop on the %s (%s)", "device" if path.device else "host", path.reason)
+    if not path.device:
+        warn_unaccelerated(instance, "host", path.reason, path.hint)
     _user_callbacks_on_device(state, arguments)
     padding = state.padding
     if padding:
@@ -98,7 +100,17 @@ def _loop_facts(model: Any, state: CallState, arguments: dict) -> policy.LoopFac
         cache=cache_kind(arguments.get(cache_key())),
         use_cache=arguments.get("use_cache") is not False,
         causal=getattr(model.config, "is_causal", True) is not False,
+        prefill_only=_prefill_only(),
+        encoder_decoder=bool(model.config.is_encoder_decoder),
     )
+
+
+def _prefill_only() -> frozenset[str]:
+    """Upstream's model inputs dropped after the prefill (``MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL``), if it names them."""
+    import sys
+
+    names = getattr(sys.modules.get("transformers.generation.utils"), "MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL", ())
+    return frozenset(name for name in names if isinstance(name, str))
 
 
 @contextlib.contextmanager

@@ -20,8 +20,8 @@ from ..core import length_readers
 from ..backend import is_tpu
 from ..core.wrapping import warn_once
 from . import config as settings_module
-from . import policy, recurrent_cache, sampling, static_cache
-from .call import CURRENT, UPSTREAM, CallState, bind, cache_key, model_kind, report_failure
+from . import multimodal, policy, recurrent_cache, sampling, static_cache, wrap_media
+from .call import CURRENT, UPSTREAM, CallState, bind, cache_key, model_kind, report_failure, warn_unaccelerated
 from .views import Padding, StreamerView, ids_on
 
 logger = logging.getLogger("transformers_tpu_ext")
@@ -52,11 +52,6 @@ def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # argument generate() does not take, an invalid generation option. Only our own planning below
     # is fail-safe (an error of ours there falls back to the unpatched call).
     settings = settings_module.current()
-    if instance.config.is_encoder_decoder:
-        # The encoder's inputs must stay on the model's device, and upstream creates the decoder's
-        # growing tensors beside them: left to upstream (only the CompileConfig adaptation applies).
-        logger.debug("transformers-tpu-ext: generate() left to upstream: %s", policy.ENCODER_DECODER)
-        return wrapped(*args, **kwargs)
     call = bind("generate", args, kwargs)
     generation_config, _ = instance._prepare_generation_config(
         call.get("generation_config"), **{k: v for k, v in call.items() if k not in _GENERATE_PARAMETERS}
@@ -88,8 +83,9 @@ def _plan_safely(model: Any, call: dict, generation_config: Any, settings: Any) 
         return None
 
 
-def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> policy.CallFacts:
-    """``policy.call_facts`` over the call's resolved options, the model and the call's arguments."""
+def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> tuple[policy.CallFacts, Any]:
+    """``policy.call_facts`` over the call's resolved options, the model and the call's arguments, and the
+    call's ``multimodal.media_plan`` (``None`` without other per-row inputs)."""
     import torch
 
     main_name = "inputs" if call.get("inputs") is not None else "input_ids"
@@ -105,17 +101,23 @@ def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> pol
     mode = "custom" if call.get("custom_generate") is not None else generation_config.get_generation_mode(
         call.get("assistant_model")
     ).value
+    extras = [] if model.config.is_encoder_decoder else _other_batched_inputs(call, main_name)
+    # Other per-row inputs of a model that reads images or audio: its family's plan; of a text model, no plan
+    # (policy names the reason: other per-row inputs would need padding).
+    media = multimodal.media_plan(wrap_media.media_facts(model, call, extras, main)) if extras and wrap_media.reads_media(model) else None
     shape = policy.CallShape(
         mode=mode,
         inputs=inputs,
         ids_bucketable=bucketable,
-        other_batched_inputs=_has_other_batched_inputs(call, main_name),
+        other_batched_inputs=bool(extras) and not (media is not None and media.pad),
+        other_inputs_reason=None if media is None or media.pad else media.reason,
         cache_object=call.get("cache") is not None or call.get("past_key_values") is not None,
         logits_callbacks=bool(call.get("logits_processor")) or call.get("prefix_allowed_tokens_fn") is not None,
         eager_stance=_eager_stance(),
     )
     options = {name: getattr(generation_config, name, None) for name in (*policy.OPTION_DEFAULTS, *policy.HOST_OPTIONS)}
-    return policy.call_facts(options, model_kind(model), shape, device_decode=settings.device_decode)
+    facts = policy.call_facts(options, model_kind(model), shape, device_decode=settings.device_decode)
+    return facts, media if media is not None and media.pad else None
 
 
 def _eager_stance() -> bool:
@@ -129,22 +131,30 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
     wrappers read, and the device the result goes back to; ``None`` to leave the call to upstream."""
     import torch
 
-    facts = _facts(model, call, generation_config, settings)
+    facts, media = _facts(model, call, generation_config, settings)
     plan = policy.plan_call(facts, static_cache=settings.static_cache, bucketing=settings.bucketing)
     if plan.upstream:
         logger.debug("transformers-tpu-ext: generate() left to upstream: %s", plan.reason)
+        warn_unaccelerated(model, "upstream", plan.reason, plan.hint)
         if facts.cache_implementation == "quantized":
             warn_once(policy.kv_cache_choice(policy.KVFacts(None, "quantized"), settings.kv_cache)[1])
         return None
+    if facts.encoder_decoder:
+        return wrap_media.plan_encoder_decoder(model, call, settings, plan)
     lengths = _length_plan(model, call, generation_config, settings, plan)
     if lengths is not None and lengths.upstream:
+        if lengths.warn:
+            warn_once(f"generate() runs unpatched on TPU: {lengths.reason}")
         logger.debug("transformers-tpu-ext: generate() left to upstream: %s", lengths.reason)
+        warn_unaccelerated(model, "upstream", lengths.reason, policy.LENGTH_DOCS)
         return None
     logger.debug(
         "transformers-tpu-ext: generate() handled: %s static cache; %s",
         "the plugin's default" if plan.static_cache else "the caller's",
         ("bucketed" if plan.pad_batch else "bucketed without dummy rows") if plan.bucket else f"not bucketed ({plan.reason})",
     )
+    if not plan.bucket:
+        warn_unaccelerated(model, "unbucketed", plan.reason, plan.hint)
 
     call = dict(call)
     main_name = "inputs" if call.get("inputs") is not None else "input_ids"
@@ -159,14 +169,16 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
     else:
         out_device = main.device if isinstance(main, torch.Tensor) else None
 
-    # 1. The growing tensors live on the CPU during the loop; forward gets its inputs moved.
+    # 1. The growing tensors live on the CPU during the loop; forward gets its inputs moved. (So do the
+    # per-image inputs a vision-language model's positions read with the ids: wrap_media.)
     cpu = torch.device("cpu")
-    for name in ("inputs", "inputs_embeds", *_GROWING):
+    media = media if plan.bucket else None
+    for name in ("inputs", "inputs_embeds", *_GROWING, *(media.host if media is not None else ())):
         value = call.get(name)
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             call[name] = value.to(cpu)
 
-    state = CallState(settings=settings, plan=plan, input_device=out_device, recurrent=facts.recurrent)
+    state = CallState(settings=settings, plan=plan, input_device=out_device, media=media, recurrent=facts.recurrent)
     _callbacks_on_caller_device(call, state, out_device)
     user_config = call.get("generation_config")
 
@@ -218,11 +230,14 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             ids = torch.cat([ids.new_full((real_rows, pad), pad_id), ids], dim=1)
             padding_columns = mask.new_ones if _BREAK_PADDING_MASK else mask.new_zeros
             mask = torch.cat([padding_columns((real_rows, pad)), mask], dim=1)
-        if padded_rows != real_rows:
+        if media is not None:  # per-column inputs padded too; dummy rows hold no image
+            ids, mask = wrap_media.pad_media(call, model, ids, mask, pad, real_rows, padded_rows)
+        elif padded_rows != real_rows:
             ids = torch.cat([ids, ids[:1].expand(padded_rows - real_rows, -1)], dim=0)
             mask = torch.cat([mask, mask[:1].expand(padded_rows - real_rows, -1)], dim=0)
         call[main_name] = ids
         call["attention_mask"] = mask
+        state.media_ids = ids if media is not None else None
         state.padding = Padding(pad=pad, real_batch=real_rows, padded_batch=padded_rows)
         if call.get("streamer") is not None and state.padding:
             call["streamer"] = StreamerView(call["streamer"], state.padding)
@@ -232,7 +247,8 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             and generation_config.prefill_chunk_size is None
             and not generation_config.disable_compile
         ):
-            set_option("prefill_chunk_size", prefill_chunk)
+            # A vision-language prompt is prefilled in one piece (multimodal.media_plan).
+            set_option("prefill_chunk_size", shapes.prompt if media is not None and media.one_piece else prefill_chunk)
             state.forced_chunk = True
     return call, state, out_device
 
@@ -303,12 +319,12 @@ _GENERATE_PARAMETERS = {
 }
 
 
-def _has_other_batched_inputs(call: dict, main_name: str) -> bool:
-    """Tensors we would have to pad along with the prompt (pixel values, positions...): no buckets."""
+def _other_batched_inputs(call: dict, main_name: str) -> list[str]:
+    """Tensors we would have to pad along with the prompt (pixel values, positions...): ``multimodal.media_plan``."""
     import torch
 
     allowed = {main_name, "input_ids", "attention_mask", "inputs_embeds"}
-    return any(isinstance(value, torch.Tensor) and name not in allowed for name, value in call.items())
+    return sorted(name for name, value in call.items() if isinstance(value, torch.Tensor) and name not in allowed)
 
 
 def _pad_token_id(generation_config: Any, model: Any) -> int:

@@ -103,8 +103,8 @@ def get_static_cache_init_shape(wrapped: Any, instance: Any, args: tuple, kwargs
     # head, while the config says num_attention_heads). The attention modules know: when they say
     # otherwise, their count wins. (Initialising from the first chunk's states instead would give
     # the first chunk its own graph per rung: twice the prefill graphs.)
-    recurrent = CURRENT.get().recurrent
-    if recurrent is not None and not recurrent.attention:
+    path = CURRENT.get().recurrent
+    if path is not None and not path.attention:
         return None  # no attention layer to initialise (upstream reads head counts a Mamba config has not)
     shape = wrapped(*args, **kwargs)
     if shape is None or not CURRENT.get().forced_chunk or (getattr(instance, "_tp_size", None) or 1) > 1:

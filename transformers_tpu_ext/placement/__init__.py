@@ -9,6 +9,8 @@ What the plugin does to model placement, and why:
 - ``patch_transformers_device_map``: ``from_pretrained(device_map=...)`` resolves to the TPU.
 - ``patch_transformers_pipeline``: ``pipeline(...)`` reads an integer device as the TPU on a TPU host.
 - ``patch_transformers_tied_weights``: tied parameters stay tied when a model moves (torch_tpu #4161).
+- ``patch_peft_load``: PEFT adapter weights load onto a TPU model.
+- :mod:`.host_reads`: safetensors reads TPU-bound weights on the host (both file-reading patches).
 
 See ``docs/placement.md``.
 """

@@ -17,11 +17,11 @@ unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from .. import backend
 from ..core.relies import Attribute, Signature
-from ..core.wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps
+from .host_reads import device_on_host
 
 NAME = "accelerate_offload"
 TARGET = "accelerate.utils.offload"
@@ -35,17 +35,8 @@ RELIES_ON = (
 _wraps = Wraps()
 
 
-def _open_on_host(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wrapper for ``safe_open(filename, framework, device="cpu")``: a TPU device reads on the host."""
-    device = args[2] if len(args) > 2 else kwargs.get("device")
-    if not backend.is_tpu(device):
-        return wrapped(*args, **kwargs)
-    if len(args) > 2:
-        return wrapped(*args[:2], "cpu", *args[3:], **kwargs)
-    return wrapped(*args, **{**kwargs, "device": "cpu"})
-
-
-_wrapper = fail_safe(_open_on_host)
+#: ``safe_open(filename, framework, device="cpu")``: a TPU device reads on the host.
+_wrapper = device_on_host(2)
 
 
 def apply(module: Any) -> None:

@@ -14,11 +14,11 @@ state dict. Any other device is passed to safetensors unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from .. import backend
 from ..core.relies import Signature
-from ..core.wrapping import Wraps, fail_safe
+from ..core.wrapping import Wraps
+from .host_reads import device_on_host
 
 NAME = "peft_load"
 TARGET = "peft.utils.save_and_load"
@@ -31,17 +31,8 @@ RELIES_ON = (
 _wraps = Wraps()
 
 
-def _load_on_host(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wrapper for ``load_file(filename, device="cpu")``: a TPU device reads on the host."""
-    device = args[1] if len(args) > 1 else kwargs.get("device")
-    if not backend.is_tpu(device):
-        return wrapped(*args, **kwargs)
-    if len(args) > 1:
-        return wrapped(args[0], "cpu", *args[2:], **kwargs)
-    return wrapped(*args, **{**kwargs, "device": "cpu"})
-
-
-_wrapper = fail_safe(_load_on_host)
+#: ``load_file(filename, device="cpu")``: a TPU device reads on the host.
+_wrapper = device_on_host(1)
 
 
 def apply(module: Any) -> None:

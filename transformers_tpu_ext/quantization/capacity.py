@@ -15,7 +15,11 @@ topology (:data:`transformers_tpu_ext.core.topology.TOPOLOGIES`), gives:
   rest holds;
 - the decode ceiling: HBM bandwidth / bytes read per step. A decode step reads every weight once, and the
   plugin's static and paged caches read the whole cache length (masked): at ``context`` positions and
-  ``batch`` rows a step reads ``weights + context x batch x KV bytes per position``.
+  ``batch`` rows a step reads ``weights + context x batch x KV bytes per position``. A mixture-of-experts
+  model's step reads its routed experts only where some row chose them (the grouped-matmul kernel,
+  ``experts.policy``): with ``k`` of ``E`` experts per token and uniform routing (an assumption), the expected
+  fraction of experts a batch of ``b`` rows selects is ``1 - (1 - k/E)^b`` (:func:`selected_fraction`); the
+  routed experts are sharded over the chips like the other linears (expert parallelism, ``ep_size = chips``).
 
 The ceilings are bounds from bandwidth alone (no compute, no overlap), the numbers a chip cannot beat;
 they assume XLA fuses the dequantization into the matmul, so that an 8-bit weight is read as 8 bits
@@ -49,6 +53,7 @@ __all__ = [
     "format_report",
     "kv_bytes_per_position",
     "kv_heads_per_chip",
+    "selected_fraction",
     "weight_bytes",
 ]
 
@@ -121,6 +126,9 @@ class ModelCounts:
     kv_heads: int
     head_dim: int
     attention_heads: int
+    expert_linear: int = 0  # elements of the routed experts' stacks (part of ``linear``)
+    experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 0
 
     @property
     def parameters(self) -> int:
@@ -136,9 +144,10 @@ class ChipFit:
     budget_per_chip: int  # HBM - placement headroom
     fits: bool  # the weights are within the placement budget
     kv_positions: int  # cached positions (summed over the batch) the rest of the budget holds
-    steps_per_s: float  # decode ceiling with an empty cache: bandwidth / weights per chip
+    steps_per_s: float  # decode ceiling with an empty cache: bandwidth / weights per chip (a MoE's selected experts)
     steps_per_s_at_context: float  # ... reading `context` x `batch` cached positions per step
     tokens_per_s_at_context: float  # ... times the batch
+    expert_bytes_read_per_chip: int = 0  # routed experts' bytes a decode step reads (expected, uniform routing)
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,7 @@ class FitReport:
     context: int
     batch: int
     chips: list = field(default_factory=list)
+    experts: tuple = ()  # (routed experts per layer, per token, fraction a decode step reads) of a MoE model
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -169,6 +179,14 @@ def weight_bytes(counts: ModelCounts, weights: str) -> dict[str, int]:
         "head": 2 * counts.head,
         "other": 2 * counts.other,
     }
+
+
+def selected_fraction(counts: ModelCounts, batch: int) -> float:
+    """Expected fraction of a MoE layer's routed experts a decode step of ``batch`` rows selects (each row picks
+    ``experts_per_token`` of ``experts``, uniformly and independently: an assumption); 1.0 for a dense model."""
+    if not counts.experts:
+        return 1.0
+    return 1.0 - (1.0 - counts.experts_per_token / counts.experts) ** batch
 
 
 def kv_heads_per_chip(counts: ModelCounts, chips: int) -> int:
@@ -221,7 +239,10 @@ def fit(
             kv_position = kv_bytes_per_position(counts, kv, kv_heads_per_chip(counts, n))
             budget = int((spec.hbm_bytes - default_headroom(spec.hbm_bytes)) * WEIGHT_FORMATS[weights].budget_factor)
             positions = max(0, budget - per_chip) // kv_position if kv_position else 0
-            read = per_chip + context * batch * kv_position
+            linear_bytes = parts["linear"]
+            experts = math.ceil(linear_bytes * counts.expert_linear / counts.linear / n) if counts.linear else 0
+            experts_read = math.ceil(experts * selected_fraction(counts, batch))
+            read = per_chip - experts + experts_read + context * batch * kv_position
             rows.append(
                 ChipFit(
                     generation=generation,
@@ -231,12 +252,14 @@ def fit(
                     budget_per_chip=budget,
                     fits=per_chip <= budget,
                     kv_positions=int(positions),
-                    steps_per_s=round(spec.bandwidth / per_chip, 1),
+                    steps_per_s=round(spec.bandwidth / (per_chip - experts + experts_read), 1),
                     steps_per_s_at_context=round(spec.bandwidth / read, 1),
                     tokens_per_s_at_context=round(batch * spec.bandwidth / read, 1),
+                    expert_bytes_read_per_chip=experts_read,
                 )
             )
-    return FitReport(counts.name, weights, kv, total, parts, kv_bytes_per_position(counts, kv), context, batch, rows)
+    experts = (counts.experts, counts.experts_per_token, selected_fraction(counts, batch)) if counts.experts else ()
+    return FitReport(counts.name, weights, kv, total, parts, kv_bytes_per_position(counts, kv), context, batch, rows, experts)
 
 
 def _format(name: str, table: Mapping[str, Any], what: str) -> Any:
@@ -257,6 +280,14 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _experts_line(report: FitReport) -> list[str]:
+    if not report.experts:
+        return []
+    experts, per_token, fraction = report.experts
+    return [f"  mixture of experts: {per_token} of {experts} routed experts per token; a decode step of batch "
+            f"{report.batch} reads {fraction:.0%} of them (uniform routing), the experts sharded over the chips"]
+
+
 def format_report(reports: list[FitReport]) -> str:
     """Plain-text tables of one or more reports (``transformers-tpu doctor --fit``)."""
     lines: list[str] = []
@@ -266,6 +297,7 @@ def format_report(reports: list[FitReport]) -> str:
             f"{report.model}: weights {report.weights} {_size(report.weight_bytes)} ({parts}); "
             f"KV cache {report.kv} {report.kv_bytes_per_position:,} bytes per position; "
             f"decode at {report.context:,} cached positions x batch {report.batch}",
+            *_experts_line(report),
             f"  {'chip':<7}{'chips':>6}{'weights/chip':>15}{'budget/chip':>14}  {'fits':<5}{'KV positions':>14}"
             f"{'steps/s (empty)':>17}{'steps/s (context)':>19}{'tokens/s':>10}",
         ]

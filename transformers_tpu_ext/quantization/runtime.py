@@ -106,7 +106,7 @@ def count(config: Any) -> ModelCounts:
         head_module is not None and embeddings_module is not None and head_module.weight is embeddings_module.weight
     )
     seen: set[int] = set()
-    linear = rows = blocks = embeddings = head = other = 0
+    linear = rows = blocks = embeddings = head = other = expert_linear = experts = 0
     for name, module in model.named_modules():
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in seen:
@@ -123,6 +123,8 @@ def count(config: Any) -> ModelCounts:
                 blocks += math.ceil(p.shape[0] / 128) * math.ceil(p.shape[1] / 128)
             elif p.dim() == 3 and "experts" in name:  # fused MoE expert stacks [experts, out, in]
                 linear += n
+                expert_linear += n
+                experts = max(experts, p.shape[0])
                 rows += p.shape[0] * p.shape[1]
                 blocks += p.shape[0] * math.ceil(p.shape[1] / 128) * math.ceil(p.shape[2] / 128)
             else:
@@ -145,6 +147,9 @@ def count(config: Any) -> ModelCounts:
         kv_heads=kv_heads,
         head_dim=head_dim,
         attention_heads=heads,
+        expert_linear=expert_linear,
+        experts=experts,
+        experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0) if experts else 0,
     )
 
 

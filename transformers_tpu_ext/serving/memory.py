@@ -95,23 +95,42 @@ def step_bytes(
 ) -> int:
     """Working memory of the largest step besides the cache.
 
-    Activations (``activation_bytes_per_token`` per token, Transformers' own estimate), every token's
-    gathered keys and values (``max_batch_tokens x max_len``), the float32 attention scores, and the
-    float32 logits of ``max_requests`` rows.
+    Activations (``activation_bytes_per_token`` per token, Transformers' own estimate) and the float32
+    logits of ``max_requests`` rows, plus what the step's attention makes in HBM:
+
+    - the present path (``plan.attention == "paged"``): every token's gathered keys and values
+      (``max_batch_tokens x max_len``) and their float32 attention scores;
+    - the kernel path (``"ragged"``): the kernel reads each request's pages where they are and keeps its
+      blocks in on-chip memory (VMEM), so nothing of ``max_len`` size: only its query and output tensors,
+      ``max_batch_tokens x heads`` rows of ``lanes x head_dim`` (lane-packed queries fill 128 lanes).
     """
     tokens = plan.max_batch_tokens
+    logits = plan.max_requests * vocab_size * 4
+    if getattr(plan, "attention", "paged") == "ragged":
+        lanes = getattr(getattr(plan, "kernel_variant", None), "lanes", 1) or 1
+        return tokens * activation_bytes_per_token + 2 * tokens * heads * lanes * head_dim * itemsize + logits
     keys = plan.blocks_per_request * plan.page_size
     gathered = 2 * tokens * keys * kv_heads * head_dim * itemsize
     scores = tokens * heads * keys * 4
-    logits = plan.max_requests * vocab_size * 4
     return tokens * activation_bytes_per_token + gathered + scores + logits
 
 
-def fit_request(prompt_tokens: int, max_new_tokens: int | None, max_len: int) -> int:
+def fit_request(prompt_tokens: int, max_new_tokens: int | None, max_len: int, positions: int | None = None) -> int:
     """``max_new_tokens`` for a request under ``max_len``: lowered to fit (or set, when ``None``).
 
-    Raises ``ValueError`` when the prompt alone leaves no room for a token.
+    Raises ``ValueError`` (a 400 from ``transformers serve``) for a request the TPU path cannot serve:
+    no prompt token, ``max_new_tokens`` below 1, a prompt that leaves no room for a token under the
+    serving max length or the model's ``positions`` (``max_position_embeddings``).
     """
+    if prompt_tokens < 1:
+        raise ValueError("this request has an empty prompt (no token): continuous batching needs at least one prompt token")
+    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or int(max_new_tokens) < 1):
+        raise ValueError(f"max_new_tokens (max_tokens) must be at least 1, got {max_new_tokens!r}")
+    if positions and prompt_tokens >= positions:
+        raise ValueError(
+            f"this prompt has {prompt_tokens} tokens; the model has {positions} positions "
+            "(max_position_embeddings), so no token can be generated: shorten the prompt"
+        )
     room = max_len - prompt_tokens
     if room < 1:
         raise ValueError(

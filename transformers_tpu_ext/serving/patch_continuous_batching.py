@@ -20,6 +20,8 @@ Thin wrappers; each falls straight through unless the manager's model is on a TP
   ``CacheAllocator.copy_blocks`` copies with the pages' (a forked request): ``wrap_cache``.
 - the steps' attention: JAX's ragged paged attention kernel where ``kernel_path.attention_path`` allows it.
 - ``ModelRunner.warmup``: compiles every ``(Q, S)`` step shape, with a progress bar.
+- ``ModelRunner.compute_batch``: a kernel that fails in a step (warm-up or serving) sends the manager to the
+  plain-PyTorch attention, with one warning, and the step runs again: ``wrap_fallback``.
 - ``ContinuousBatchingLogitsProcessorList.__init__``: a manager that samples reads temperature, top-k
   and top-p per request from a tensor of the step (``serving.sampling.per_request_path``), not from
   numbers compiled into its programs.
@@ -45,6 +47,7 @@ from . import sampling
 from . import tensor_parallel
 from . import wrap_attention as attention
 from . import wrap_cache as cache
+from . import wrap_fallback as fallback
 from . import wrap_requests as requests
 from ..backend import chip_info, is_tpu
 from ..compilation import recompile_limit
@@ -140,6 +143,7 @@ def apply(module: Any) -> None:
     _wraps.wrap(module, "resolve_continuous_batching_config", _resolve)
     _wraps.wrap(module, "ContinuousBatchingIOs", _make_ios)
     _wraps.wrap(module.ModelRunner, "warmup", _runner_warmup)
+    _wraps.wrap(module.ModelRunner, "compute_batch", fallback.compute_batch)
     _wraps.wrap(module.ContinuousBatchingLogitsProcessorList, "__init__", _processor_list)
     _wraps.wrap(cache_module.PagedAttentionCache, "__init__", cache.cache_init)
     _wraps.wrap(cache_module, "group_layers_by_attn_type", cache.group_layers)
@@ -208,6 +212,7 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
 
     from ..generation.static_cache import text_layer_types
 
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return serving.ServeFacts(
         tp=_tp_facts(model),
         encoder_decoder=bool(model.config.is_encoder_decoder),
@@ -215,7 +220,15 @@ def _serve_facts(model: Any) -> serving.ServeFacts:
         layer_types=text_layer_types(model),
         attention_sinks=any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules()),
         eager_function=hasattr(sys.modules.get(type(model).__module__), "eager_attention_forward"),
+        latent_cache=str(config.model_type) if getattr(config, "kv_lora_rank", None) is not None else "",
+        media=_media(model.config),
     )
+
+
+def _media(config: Any) -> str | None:
+    """What a model reads besides text, from its config's sub-configs (``serving.ServeFacts.media``)."""
+    found = [what for name, what in (("vision_config", "images"), ("audio_config", "audio")) if getattr(config, name, None) is not None]
+    return " and ".join(found) or None
 
 
 def _tp_facts(model: Any) -> serving.TPFacts:
@@ -281,18 +294,24 @@ def _plan_manager(resolved: Any, init: _Init, config: Any, hints: Any) -> None:
     resolved.decode_compile_config = None
     # every step shape is a recompilation of one function (past the limit TorchDynamo runs it eagerly)
     recompile_limit.require("serve", len(plan.shapes))
+    facts = _serve_facts(init.model)
     plan.kv_cache, why = serving.kv_cache_path(
-        init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch.")
+        init.settings.kv_cache, paged=True, dtype=str(init.model.dtype).removeprefix("torch."), latent=bool(facts.latent_cache)
     )
     logger.debug("transformers-tpu-ext: TPU paged cache format %s: %s", plan.kv_cache or "the model's dtype", why)
     from . import ragged
 
-    facts = _serve_facts(init.model)
     local = None
     if facts.tp.tp_size > 1:  # each rank's own heads (serving.tensor_parallel)
         local, plan.kv_head_split = tensor_parallel.local_heads(facts.tp), tensor_parallel.kv_split(facts.tp)
         plan.local_heads = local
-    plan.attention = ragged.choose(init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local)
+    if facts.latent_cache:  # the kernel reads keys and values; the model expands the latents it is given itself
+        ragged.describe("paged", "multi-head latent attention (the kernel takes keys and values, not latents)")
+        plan.attention, plan.kernel_variant = "paged", None
+    else:
+        plan.attention, plan.kernel_variant = ragged.choose(
+            init.model, init.settings.attention, plan.kv_cache, facts.attention_sinks, local, page_size=plan.page_size
+        )
     resolved.tpu_plan = plan
 
 

@@ -109,6 +109,13 @@ class ServingPlan:
     kv_cache: str | None = None
     #: the attention of the steps (``kernel_path.attention_path``): "ragged" (the JAX kernel) or "paged"
     attention: str = "paged"
+    #: the model's positions (``max_position_embeddings``): no request may reach them
+    model_positions: int | None = None
+    #: the registered kernel's variant on the kernel path (``kernel_path.KernelVariant``), else ``None``
+    kernel_variant: Any = None
+    #: on the kernel path, the working memory a step of the present path would need (``memory.step_bytes``):
+    #: what a fallback (``wrap_fallback``) compares with what the cache left free
+    present_step_bytes: int | None = None
     #: under tensor parallelism, what the paged cache divides the model's key-value heads by to hold one
     #: rank's (``tensor_parallel.kv_split``); ``None`` without tensor parallelism
     kv_head_split: int | None = None
@@ -199,6 +206,7 @@ def plan_for(
         headroom_bytes=int(headroom_bytes),
         warmup=settings.warmup,
         notes=notes,
+        model_positions=int(model_max_len) if model_max_len else None,
     )
 
 

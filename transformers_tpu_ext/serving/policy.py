@@ -55,6 +55,7 @@ from .shapes import MIN_REQUESTS, MIN_TOKENS, capped_rungs, request_ladder, step
 
 __all__ = [
     "PAGED_FALLBACKS",
+    "PAGED_LATENT_MODELS",
     "PAGED_LAYER_TYPES",
     "ServeFacts",
     "TPFacts",
@@ -100,6 +101,10 @@ PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 #: Text-layer types holding a recurrent state (state-space, convolution, linear attention), which upstream's
 #: paged cache refuses on every device (``generation.recurrent.RECURRENT_LAYER_TYPES``).
 RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
+#: Models whose paged cache holds multi-head latent attention's compressed latents (a config with
+#: ``kv_lora_rank``: Transformers' ``MLACacheAllocator``) and that the TPU paged cache serves: their attention
+#: writes the two latents, reads them back and expands them to heads itself (``expand_kv``). Tested ones only.
+PAGED_LATENT_MODELS = frozenset({"deepseek_v2", "deepseek_v3"})
 
 
 @dataclass(frozen=True)
@@ -110,8 +115,19 @@ class ServeFacts:
     encoder_decoder: bool = False
     attention: str = "sdpa"  # config._attn_implementation
     layer_types: tuple[str, ...] = ("full_attention",)  # text layers, as the caches see them
-    attention_sinks: bool = False  # an attention module with learned sinks (gpt-oss)
+    attention_sinks: bool = False  # an attention module with learned sinks (gpt-oss): the paged attention's, not the kernel's
     eager_function: bool = True  # the model's file defines eager_attention_forward (the "eager" fallback)
+    latent_cache: str = ""  # the model type, when its config has kv_lora_rank (a paged cache of MLA latents)
+    #: What else the model reads besides text ("images", "audio"...: a vision_config, an audio_config), or None.
+    media: str | None = None
+
+
+#: What to use instead of continuous batching for image, video or audio requests (the WARNING names it).
+MEDIA_REQUESTS = (
+    "Transformers' continuous batching takes text requests only (no images, video or audio); serve requests "
+    "with {media} through generate(), padded to buckets and compiled on TPU "
+    "(docs/generation.md#vision-language-speech-and-encoder-decoder-models)"
+)
 
 
 def paged_path(facts: ServeFacts) -> tuple[bool, str]:
@@ -121,6 +137,8 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
     sharded, why = tp_path(facts.tp)
     if not sharded:
         return False, f"tensor parallelism: {why}"
+    if facts.media is not None:
+        return False, f"a model that reads {facts.media}: " + MEDIA_REQUESTS.format(media=facts.media)
     if facts.encoder_decoder:
         return False, "an encoder-decoder model"
     if facts.attention not in PAGED_FALLBACKS:
@@ -135,14 +153,17 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
         )
     if unknown:
         return False, "layers the TPU paged attention does not compute: " + ", ".join(unknown)
-    if facts.attention_sinks:
-        return False, "attention sinks (the TPU paged attention has none)"
+    if facts.latent_cache and facts.latent_cache not in PAGED_LATENT_MODELS:
+        return False, (
+            f"multi-head latent attention ({facts.latent_cache}: its paged cache holds compressed latents, which the "
+            "TPU paged cache does not serve for this model)"
+        )
     if PAGED_FALLBACKS[facts.attention] == "eager" and not facts.eager_function:
         return False, "the model's eager attention is not the standard one (no eager_attention_forward)"
     return True, "paged attention on TPU (the model's own attention outside the manager's steps)"
 
 
-def kv_cache_path(setting: str | None, *, paged: bool, dtype: str) -> tuple[str | None, str]:
+def kv_cache_path(setting: str | None, *, paged: bool, dtype: str, latent: bool = False) -> tuple[str | None, str]:
     """``("int8", why)`` if the TPU paged cache stores int8 pages (and a parallel float32 scale per
     position and key-value head), else ``(None, why not)`` (``setting``: ``ServeSettings.kv_cache``).
 
@@ -156,6 +177,8 @@ def kv_cache_path(setting: str | None, *, paged: bool, dtype: str) -> tuple[str 
         return None, "the manager runs unpatched (upstream's paged cache keeps the model's dtype)"
     if dtype not in kv_format.FLOAT_DTYPES:
         return None, f"the model's dtype is {dtype} (int8 pages dequantize to a float dtype)"
+    if latent:
+        return None, "multi-head latent attention (int8 pages hold keys and values per head; its cache holds latents)"
     return "int8", "int8 pages, one float32 scale per position and key-value head"
 
 

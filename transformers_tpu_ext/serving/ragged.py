@@ -26,7 +26,7 @@ from . import kernel_path
 
 logger = logging.getLogger("transformers_tpu_ext")
 
-_ops: dict[tuple, str] = {}
+_ops: dict[Any, str] = {}
 _names = itertools.count()
 
 
@@ -79,29 +79,27 @@ def kernel_facts(
     )
 
 
-def kernel_op(sm_scale: float, sliding_window: int | None, soft_cap: float | None) -> Any:
-    """The custom op running the kernel with these static arguments (made once per combination)."""
+def kernel_op(variant: kernel_path.KernelVariant) -> Any:
+    """The custom op running the kernel for ``variant`` (registered once per variant, by :func:`choose`)."""
     import torch
 
-    return getattr(torch.ops.transformers_tpu_ext, _traced_op_name[0](sm_scale, sliding_window, soft_cap))
+    return getattr(torch.ops.transformers_tpu_ext, _traced_op_name[0](variant))
 
 
-def _op_name(sm_scale: float, sliding_window: int | None, soft_cap: float | None) -> str:
-    """The op's name in ``torch.ops.transformers_tpu_ext``, registered on first use: run as Python when
-    a step is traced (``assume_constant_result``), so that the registration is no part of the graph."""
-    key = (sm_scale, sliding_window, soft_cap)
-    name = _ops.get(key)
+def _op_name(variant: kernel_path.KernelVariant) -> str:
+    """The op's name in ``torch.ops.transformers_tpu_ext``, registered on first use (by :func:`choose`,
+    outside any trace; a step runs this as Python when it is traced, ``assume_constant_result``, so that
+    the registration is no part of the graph)."""
+    name = _ops.get(variant)
     if name is None:
         import torch
-        from jax.experimental.pallas.ops.tpu import ragged_paged_attention as kernel
 
-        fn = functools.partial(
-            kernel.ragged_paged_attention, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap
-        )
-        name = f"ragged_paged_attention_{next(_names)}"
-        op = torch.tpu.pallas.jax_op(f"transformers_tpu_ext::{name}", fn)
-        op.register_fake(lambda q, *rest: torch.empty_like(q))  # the kernel's output: q's shape and dtype
-        _ops[key] = name
+        from . import kernel_call
+
+        name = f"ragged_paged_attention_{variant.key}_{next(_names)}"
+        op = torch.tpu.pallas.jax_op(f"transformers_tpu_ext::{name}", kernel_call.make(variant))
+        op.register_fake(lambda q, *rest, **static: torch.empty_like(q))  # the kernel's output: q's shape and dtype
+        _ops[variant] = name
     return name
 
 
@@ -118,7 +116,7 @@ def _prepare() -> None:
 def attention(
     module: Any,
     query: Any,  # [1, heads, Q, head_dim]
-    key: Any,  # the cache's pages [pages, page_size, 2 * kv_heads, head_dim] (from update)
+    key: Any,  # the cache's pages [pages, page_size, 2 * kv_heads / lanes, lanes * head_dim] (from update)
     value: Any,  # this layer's page table [S, pages per request] (from update)
     attention_mask: Any,
     scaling: float | None = None,
@@ -128,35 +126,127 @@ def attention(
     **kwargs: Any,
 ) -> tuple[Any, None]:
     tokens, heads, head_dim = query.shape[2], query.shape[1], query.shape[3]
-    op = kernel_op(
-        float(head_dim**-0.5 if scaling is None else scaling),
-        int(sliding_window) if sliding_window else None,
-        float(softcap) if softcap else None,
+    op = kernel_op(kwargs["tpu_kernel_variant"])
+    q = query[0].transpose(0, 1)  # [Q, heads, head_dim]
+    scales = kwargs.get("tpu_kv_head_scales")  # int8 pages: this layer's [2, kv_heads]
+    if scales is not None:  # the keys' scale on the queries, the values' on the output (per key-value head)
+        per_head = scales.repeat_interleave(heads // scales.shape[1], dim=1)[:, None, :, None]  # [2, 1, heads, 1]
+        q = q * per_head[0].to(q.dtype)
+    else:
+        q = q.to(key.dtype)
+    out = op(
+        q.contiguous(), key, kwargs["tpu_kv_lens"], value, kwargs["tpu_cu_q_lens"], kwargs["tpu_num_seqs"],
+        sm_scale=float(head_dim**-0.5 if scaling is None else scaling),
+        sliding_window=int(sliding_window) if sliding_window else None,
+        soft_cap=float(softcap) if softcap else None,
     )
-    q = query[0].transpose(0, 1).contiguous().to(key.dtype)  # [Q, heads, head_dim]
-    out = op(q, key, kwargs["tpu_kv_lens"], value, kwargs["tpu_cu_q_lens"], kwargs["tpu_num_seqs"])
+    if scales is not None:
+        out = out * per_head[1].to(out.dtype)
     return out.to(query.dtype).reshape(1, tokens, heads, head_dim), None
 
 
 def update(cache: Any, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any) -> tuple[Any, Any]:
-    """Write the step's keys and values in the kernel's layout; return the pages and the layer's page table."""
+    """Write the step's keys and values in the kernel's layout; return the pages and the layer's page table
+    (and, with int8 pages, put the layer's scales in ``kwargs["tpu_kv_head_scales"]`` for the attention)."""
     import torch
 
     allocator, page = cache.allocator, cache.page_size
     layer = allocator.layer_indices.index(layer_idx)
-    rows = cache.kernel_rows  # [pages * page_size, 2 * kv_heads, head_dim]
+    rows = cache.kernel_rows  # [pages * page_size, 2 * kv_heads / lanes, lanes * head_dim]
     k = key_states[0].transpose(0, 1)  # [Q, kv_heads, head_dim]
     v = value_states[0].transpose(0, 1)
-    kv = torch.stack((k, v), dim=2).reshape(k.shape[0], 2 * k.shape[1], k.shape[2]).to(rows.dtype)
+    if cache.kernel_scales is not None:  # int8: a scale per layer and key-value head, fixed by its first step
+        k, v = quantize(cache.kernel_scales[layer], k, v)
+        kwargs["tpu_kv_head_scales"] = cache.kernel_scales[layer]
+    tokens, kv_heads, _ = k.shape
+    width = rows.shape[-1]  # lanes * head_dim: key-value heads side by side in a row (serving.kernel_call)
+    k, v = k.reshape(tokens, rows.shape[1] // 2, width), v.reshape(tokens, rows.shape[1] // 2, width)
+    kv = torch.stack((k, v), dim=2).reshape(tokens, rows.shape[1], width).to(rows.dtype)
     rows.index_copy_(0, kwargs["tpu_write_slots"].long() + layer * page, kv)
     return cache.kernel_pages, kwargs["tpu_page_base"] + layer
 
 
+#: Headroom of the int8 scales over the first step's largest magnitude (one bit of int8's range).
+INT8_HEADROOM = 2.0
+
+
+def quantize(scales: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """``k``, ``v`` (``[Q, kv_heads, head_dim]``) as int8 with the layer's scales ``[2, kv_heads]`` (float32),
+    which the first step writing the layer sets (``INT8_HEADROOM`` x its largest magnitude / 127, per
+    key-value head; zero until then) and every later step keeps; values past the range are clipped."""
+    import torch
+
+    observed = torch.stack((k.float().abs().amax(dim=(0, 2)), v.float().abs().amax(dim=(0, 2))))  # [2, kv_heads]
+    fresh = (observed * (INT8_HEADROOM / 127)).clamp(min=1e-8)
+    scales.copy_(torch.where(scales > 0, scales, fresh))
+    return tuple(  # type: ignore[return-value]
+        torch.round(states.float() / scales[i][None, :, None]).clamp(-127, 127).to(torch.int8)
+        for i, states in enumerate((k, v))
+    )
+
+
+def head_scales(allocator: Any) -> Any:
+    """The int8 kernel pages' scales ``[layers, 2, kv_heads]`` (float32; zero: set by each layer's first step)."""
+    import torch
+
+    scales = torch.zeros(
+        len(allocator.layer_indices), 2, allocator.num_key_value_heads, dtype=torch.float32,
+        device=allocator.cache_tensor.device,
+    )
+    torch._dynamo.mark_static_address(scales)
+    return scales
+
+
 def kernel_views(allocator: Any) -> tuple[Any, Any]:
-    """The cache tensor as the kernel's pages ``[pages, page_size, 2 * kv_heads, head_dim]`` and as rows."""
+    """The cache tensor as the kernel's pages ``[pages, page_size, 2 * kv_heads / lanes, lanes * head_dim]``
+    and as rows (``lanes``: ``kernel_path.lane_packing``, 1 for head sizes that are multiples of 128)."""
     heads, dim = allocator.num_key_value_heads, allocator.head_dim
-    pages = allocator.cache_tensor.view(-1, allocator.tokens_per_page, 2 * heads, dim)
-    return pages, pages.view(-1, 2 * heads, dim)
+    lanes = kernel_path.lane_packing(dim, heads)
+    pages = allocator.cache_tensor.view(-1, allocator.tokens_per_page, 2 * heads // lanes, lanes * dim)
+    return pages, pages.view(-1, 2 * heads // lanes, lanes * dim)
+
+
+def to_present_layout(allocator: Any, chunk: int = 256) -> None:
+    """Rewrite every page of ``allocator`` from the kernel's layout to upstream's, in place (the fallback of a
+    kernel that failed while serving: ``wrap_fallback``). A kernel page ``[page_size, 2 * kv_heads / lanes,
+    lanes * head_dim]`` holds, per row pair, the keys then the values of ``lanes`` heads side by side; upstream's
+    page is ``[2, page_size, kv_heads, head_dim]``. ``chunk`` pages at a time (that much temporary memory)."""
+    heads, dim, page = allocator.num_key_value_heads, allocator.head_dim, allocator.tokens_per_page
+    lanes = kernel_path.lane_packing(dim, heads)
+    pages = allocator.cache_tensor.view(-1, page, heads // lanes, 2, lanes, dim)
+    for start in range(0, pages.shape[0], chunk):
+        part = pages[start : start + chunk]
+        present = part.permute(0, 3, 1, 2, 4, 5).contiguous()  # [n, 2, page_size, groups, lanes, head_dim]
+        part.view(present.shape).copy_(present)
+
+
+def present_scales(allocator: Any, head_scales: Any) -> Any:
+    """The present path's int8 scales (a row per cached position and key-value head, ``quantization.kv_cache``)
+    from the kernel's (per layer and key-value head ``[layers, 2, kv_heads]``): what each page holds reads the same."""
+    from ..quantization import kv_cache
+
+    scales = kv_cache.paged_scales(allocator)
+    rows = scales.view(-1, allocator.pages_per_block, 2, allocator.tokens_per_page, scales.shape[1])
+    rows.copy_(head_scales[None, :, :, None, :].expand(rows.shape))
+    return scales
+
+
+def failed_here(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) came from the kernel: its op's name in the message, or a
+    frame of this module, ``kernel_call``, or a Pallas module (torch_tpu's ``jax_op``, JAX's, the simulator's)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if "ragged_paged_attention" in str(error):
+            return True
+        tb = error.__traceback__
+        while tb is not None:
+            name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+            if name.endswith(("serving/ragged.py", "serving/kernel_call.py")) or "pallas" in name:
+                return True
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def step_inputs(allocator: Any, write: list[int], blocks: list[list[int]]) -> tuple[list[int], list[int]]:
@@ -181,9 +271,12 @@ def padded_arrays(allocator: Any, kernel: tuple[list[int], int], token_seq: list
     return [kv_lens + [0] * (s - len(kv_lens)), cu, [seqs]], trash
 
 
-def step_kwargs(page_base: Any, kv_lens: Any, cu_q_lens: Any, num_seqs: Any) -> dict[str, Any]:
+def step_kwargs(variant: Any, page_base: Any, kv_lens: Any, cu_q_lens: Any, num_seqs: Any) -> dict[str, Any]:
     """What the model's forward carries on the kernel path (in place of the present path's block bases)."""
-    return {"tpu_page_base": page_base, "tpu_kv_lens": kv_lens, "tpu_cu_q_lens": cu_q_lens, "tpu_num_seqs": num_seqs}
+    return {
+        "tpu_page_base": page_base, "tpu_kv_lens": kv_lens, "tpu_cu_q_lens": cu_q_lens, "tpu_num_seqs": num_seqs,
+        "tpu_kernel_variant": variant,
+    }
 
 
 def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) -> tuple[int, int, int]:
@@ -199,31 +292,99 @@ def kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_tokens: int) 
 
 
 def choose(
-    model: Any, setting: str, kv_cache: str | None, attention_sinks: bool, local_heads: tuple[int, int] | None = None
-) -> str:
-    """The steps' attention (``kernel_path.attention_path``): the JAX kernel or the plain-PyTorch one, said once."""
+    model: Any,
+    setting: str,
+    kv_cache: str | None,
+    attention_sinks: bool,
+    local_heads: tuple[int, int] | None = None,
+    page_size: int = 16,
+) -> tuple[str, kernel_path.KernelVariant | None]:
+    """The steps' attention (``kernel_path.attention_path``): the JAX kernel (and the variant registered for
+    it) or the plain-PyTorch one, said once.
+
+    On the kernel path the op is registered here, outside any trace, and run once on small inputs with
+    each of the model's static arguments (scale, sliding window, soft cap): whatever torch_tpu refuses
+    (registering, tracing, lowering, running the kernel) sends the manager to the plain-PyTorch attention,
+    with one warning, before anything is compiled.
+    """
     # What the model alone rules out is decided without importing JAX (a second or more).
     facts = functools.partial(kernel_facts, model, setting, kv_cache, attention_sinks, local_heads=local_heads)
     path, why = kernel_path.attention_path(facts(probe_jax=False))
+    variant = None
     if path == "ragged":
-        path, why = kernel_path.attention_path(facts())
-    describe(path, why)
+        found = facts()
+        path, why = kernel_path.attention_path(found)
+        if path == "ragged":
+            from ..backend import chip_info
+
+            chip = chip_info()
+            variant = kernel_path.KernelVariant(
+                generation=(chip.generation if chip and chip.generation else "v6e"),
+                lanes=kernel_path.lane_packing(found.head_dim, found.kv_heads),
+                int8=kv_cache == "int8",
+            )
+            try:
+                _probe(model, variant, found, page_size)
+            except Exception as error:  # noqa: BLE001 - any failure of the kernel: the plain-PyTorch attention
+                path, why, variant = "paged", (
+                    "the ragged paged attention kernel failed on this torch_tpu before serving started "
+                    f"({type(error).__name__}: {str(error)[:500]})"
+                ), None
+    describe(path, why, type(model).__name__)
     if path == "ragged":
         _prepare()
-    return path
+    return path, variant
 
 
-def describe(path: str, why: str) -> None:
-    """Say once which attention the serving steps run, and why."""
+def layer_statics(model: Any) -> set[tuple[float, int | None, float | None]]:
+    """The (scale, sliding window, soft cap) the model's attention layers pass (read off their modules,
+    as Transformers' attention modules keep them; the config's for what a module does not keep)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    found = set()
+    for module in model.modules():
+        if not hasattr(module, "layer_idx") or not hasattr(module, "scaling"):
+            continue
+        window = getattr(module, "sliding_window", None)
+        if window is None and getattr(config, "sliding_window", None) and not getattr(config, "layer_types", None):
+            window = config.sliding_window  # Mistral: the config's, on every layer
+        cap = getattr(module, "attn_logit_softcapping", None)
+        found.add((float(module.scaling), int(window) if window else None, float(cap) if cap else None))
+    return found
+
+
+def _probe(model: Any, variant: kernel_path.KernelVariant, facts: kernel_path.KernelFacts, page_size: int) -> None:
+    """Register the kernel's op for ``variant`` and run it once per static arguments of the model's layers,
+    on small inputs on the model's device (a prefill of 3 tokens in a page, a padding sequence)."""
+    import torch
+
+    op = getattr(torch.ops.transformers_tpu_ext, _op_name(variant))
+    device, dtype = model.device, model.dtype
+    pages_dtype = torch.int8 if variant.int8 else dtype
+    width = variant.lanes * facts.head_dim
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(16, facts.heads, facts.head_dim, generator=generator).to(dtype)
+    pages = torch.randn(2, page_size, 2 * facts.kv_heads // variant.lanes, width, generator=generator)
+    pages = (pages * 50).to(pages_dtype) if variant.int8 else pages.to(pages_dtype)
+    ints = [torch.tensor(v, dtype=torch.int32) for v in ([3, 0], [[1], [0]], [0, 3, 3], [1])]
+    arrays = [t.to(device) for t in (q, pages, *ints)]
+    for scale, window, cap in sorted(layer_statics(model), key=str) or [(facts.head_dim**-0.5, None, None)]:
+        out = op(*arrays, sm_scale=scale, sliding_window=window, soft_cap=cap)
+        if tuple(out.shape) != tuple(q.shape) or not bool(torch.isfinite(out[:3].float()).all().cpu()):
+            raise RuntimeError(f"the kernel's output for 3 tokens is {tuple(out.shape)}, not finite or not q's shape")
+
+
+def describe(path: str, why: str, model: str = "the model") -> None:
+    """Say once per model (its class) which attention the serving steps run, and why: a warning when JAX is
+    there and the kernel cannot take the model (head size 96, attention sinks...), else at INFO."""
     from ..core.wrapping import warn_once
 
     if path == "ragged" or why.startswith("JAX is not installed"):  # no JAX: the default, not a problem
-        message = f"transformers-tpu-ext: TPU serving attention: {path}: {why}"
+        message = f"transformers-tpu-ext: TPU serving attention for {model}: {path}: {why}"
         if message not in _said:
             _said.add(message)
             logger.info(message)
     elif not why.startswith("TRANSFORMERS_TPU_EXT_SERVE_ATTENTION"):  # JAX is there, the kernel cannot be used
-        warn_once(f"TPU serving runs the plain-PyTorch paged attention (each token reads max_len keys): {why}")
+        warn_once(f"TPU serving of {model} runs the plain-PyTorch paged attention (each token reads max_len keys): {why}")
 
 
 _said: set[str] = set()

@@ -4,12 +4,14 @@
   ``(Q, S)`` bucket (:func:`transformers_tpu_ext.serving.policy.step_shape`), in one host-to-device copy, with no stream.
 - :func:`paged_cache_class` -> ``TPUPagedCache``: what the model sees as its cache during a step.
   ``update`` writes the new keys/values at their slots and returns, for every scheduled token, the
-  pages of its request read through a fixed-width block table: ``[Q, max_len, kv_heads, head_dim]``.
+  pages of its request read through a fixed-width block table: ``[Q, max_len, kv_heads, head_dim]``
+  (multi-head latent attention: each request's latents, :func:`latent_update`).
   The KV length is data (positions), never a shape. Traceable, so the whole step is one graph.
 - :func:`paged_attention`: each token attends to its request's pages up to its own position (and
-  within a sliding window if the layer has one). It is never registered alone: a manager's model gets
-  :func:`dispatching_attention` (``"tpu_paged|sdpa"``, ``"tpu_paged|eager"``), which runs it inside
-  the manager's steps and the model's own attention everywhere else.
+  within a sliding window if the layer has one, with the layer's learned sinks if it has them: gpt-oss).
+  It is never registered alone: a manager's model gets :func:`dispatching_attention`
+  (``"tpu_paged|sdpa"``, ``"tpu_paged|eager"``), which runs it inside the manager's steps and the
+  model's own attention everywhere else.
 
 Nothing here is imported before Transformers is: the classes are built on first use.
 """
@@ -79,6 +81,9 @@ def paged_attention(
     import torch
 
     positions = kwargs["tpu_positions"].long()  # [Q]
+    if getattr(module, "kv_lora_rank", None) is not None:  # MLA: [S, heads, K, d], each request's expanded latents
+        seq = kwargs["tpu_token_seq"].long()
+        key, value = key[seq].transpose(1, 2), value[seq].transpose(1, 2)  # each token's: [Q, K, heads, d]
     tokens, heads, head_dim = query.shape[2], query.shape[1], query.shape[3]
     kv_heads, length = key.shape[2], key.shape[1]
     groups = heads // kv_heads
@@ -96,9 +101,14 @@ def paged_attention(
     if sliding_window is not None:
         visible = visible & (key_positions[None, :] > positions[:, None] - sliding_window)
     scores = scores.masked_fill(~visible[:, None, None, :], torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v)  # [Q, kv_heads, groups, head_dim]
-    return out.reshape(1, tokens, heads, head_dim), None
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:  # learned attention sinks (gpt-oss): one more logit per head, dropped after the softmax
+        sink = sinks.reshape(1, kv_heads, groups, 1).expand(tokens, -1, -1, -1).to(scores.dtype)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1).float(), dim=-1)[..., :-1].to(v.dtype)
+    else:
+        probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v)  # [Q, kv_heads, groups, value head_dim]
+    return out.reshape(1, tokens, heads, value.shape[-1]), None
 
 
 @functools.cache
@@ -118,14 +128,18 @@ def paged_cache_class() -> type:
             self.allocator = allocator
             self.page_size = allocator.tokens_per_page
             self.kernel_pages, self.kernel_rows = ragged.kernel_views(allocator) if attention == "ragged" else (None, None)
+            self.kernel_scales = getattr(allocator, "_tpu_ext_kv_head_scales", None)  # int8 kernel pages
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, kwargs: Any = None) -> tuple[Any, Any]:
             import torch
 
             if "tpu_page_base" in kwargs:  # the kernel path: pages in the kernel's layout (serving.ragged)
                 return ragged.update(self, key_states, value_states, layer_idx, kwargs)
-            keys, values = self.allocator._kv_token_views[layer_idx]  # [slots, kv_heads, head_dim]
             write = kwargs["tpu_write_slots"].long()
+            latents = getattr(self.allocator, "_latent_token_views", None)
+            if latents is not None:  # multi-head latent attention (Transformers' MLACacheAllocator)
+                return latent_update(self, latents[layer_idx], write, key_states, value_states, kwargs)
+            keys, values = self.allocator._kv_token_views[layer_idx]  # [slots, kv_heads, head_dim]
             # Each token's pages: its request's row of the block table (first slot of each page),
             # plus the offsets inside a page. [Q, blocks * page_size]
             bases = kwargs["tpu_block_base"][kwargs["tpu_token_seq"].long()].long()
@@ -144,6 +158,38 @@ def paged_cache_class() -> type:
             return keys[slots], values[slots]
 
     return TPUPagedCache
+
+
+def latent_update(cache: Any, views: tuple[Any, Any], write: Any, kv_latent: Any, rotated_key: Any, kwargs: Any) -> tuple[Any, Any]:
+    """A step's write and read of multi-head latent attention's cache: the new tokens' two latents (the
+    compressed KV ``[1, 1, Q, kv_lora_rank]`` and the rotated key ``[1, 1, Q, qk_rope_head_dim]``) written at
+    their slots, then each *request*'s latents read through its block-table row: ``[S, 1, max_len, ...]``,
+    which the model expands to heads once per request (``expand_kv``); :func:`paged_attention` gives each
+    token its request's row."""
+    import torch
+
+    latent_cache, rotated_cache = views  # [slots, kv_lora_rank], [slots, qk_rope_head_dim]: one row per token
+    latent_cache.index_copy_(0, write, kv_latent.reshape(-1, latent_cache.shape[-1]).to(latent_cache.dtype))
+    rotated_cache.index_copy_(0, write, rotated_key.reshape(-1, rotated_cache.shape[-1]).to(rotated_cache.dtype))
+    bases = kwargs["tpu_block_base"].long()  # [S, blocks]: each request's block table, as first slots
+    offsets = torch.arange(cache.page_size, device=bases.device)
+    slots = (bases[:, :, None] + offsets).reshape(bases.shape[0], -1)  # [S, max_len]
+    return latent_cache[slots].unsqueeze(1), rotated_cache[slots].unsqueeze(1)
+
+
+def latent_kv_bytes(plan: Any, allocator: Any, kv_lens: list[int], padded_requests: int) -> tuple[int, int, int]:
+    """One step's cache bytes per layer for multi-head latent attention (``step_io``'s statistics): what
+    :func:`latent_update` reads (``max_len`` rows for every padded request), what the requests hold, and what a
+    kernel reading only their pages would."""
+    from . import kernel_path
+
+    per_token = allocator.row_numel * allocator.cache_dtype.itemsize  # both latents of a token: one row
+    max_len = plan.blocks_per_request * allocator.tokens_per_page
+    return (
+        kernel_path.gathered_kv_bytes(padded_requests, max_len, per_token),
+        kernel_path.held_kv_bytes(kv_lens, per_token),
+        kernel_path.kernel_kv_bytes(kv_lens, allocator.tokens_per_page, per_token),
+    )
 
 
 def int8_pages(args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
@@ -183,12 +229,16 @@ def local_kv_heads(args: tuple, kwargs: dict, split: int) -> tuple[tuple, dict]:
     return (*args[:3], _LocalKVHeads(args[3], split), *args[4:]), kwargs
 
 
-def add_int8_scales(cache: Any) -> None:
-    """Give each allocator of an int8 paged ``cache`` its float32 scale tensor (``quantization.kv_cache``)."""
+def add_int8_scales(cache: Any, per_head: bool = False) -> None:
+    """Give each allocator of an int8 paged ``cache`` its float32 scales: per position and key-value head
+    (``quantization.kv_cache``), or, for the kernel (``per_head``), per layer and key-value head (``ragged``)."""
     from ..quantization import kv_cache
 
     for allocator in cache.cache_allocators.values():
-        allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
+        if per_head:
+            allocator._tpu_ext_kv_head_scales = ragged.head_scales(allocator)
+        else:
+            allocator._tpu_ext_kv_scales = kv_cache.paged_scales(allocator)
 
 
 def copy_int8_scales(allocator: Any, source_block_ids: list[int], dest_block_ids: list[int]) -> None:
@@ -209,12 +259,23 @@ def warmup(runner: Any, model: Any) -> None:
     io = runner.inputs_and_outputs
     shapes = io.plan.shapes
     start = time.perf_counter()
-    with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
-        for q, s in shapes:
-            io.prepare_warmup_batch(q, s)
-            runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
-            bar.step(f"compiled tokens={q} requests={s}")
+    runner._tpu_ext_warming_up = True
+    try:
+        for _ in range(2):  # again if the kernel failed on the way (wrap_fallback): the present path's programs
+            attention = io.plan.attention
+            with torch.no_grad(), Progress(len(shapes), desc="transformers-tpu-ext: precompiling serving steps", unit="shape") as bar:
+                for q, s in shapes:
+                    io.prepare_warmup_batch(q, s)
+                    runner.compute_batch(model, io.get_model_kwargs(use_padding=True))
+                    bar.step(f"compiled tokens={q} requests={s}")
+            if io.plan.attention == attention:
+                break
+    finally:
+        runner._tpu_ext_warming_up = False
     io.reset()
+    scales = getattr(io.allocator, "_tpu_ext_kv_head_scales", None)
+    if scales is not None:  # the warm-up's dummy tokens set no scale: the first real step does
+        scales.zero_()
     logger.info(
         "transformers-tpu-ext: compiled %d continuous batching step shapes in %.1fs", len(shapes), time.perf_counter() - start
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import policy as serving
 from . import ragged
-from .runtime import paged_cache_class
+from .runtime import latent_kv_bytes, paged_cache_class
 
 __all__ = ["io_class"]
 
@@ -116,6 +116,8 @@ def _io_prepare_batch_tensors(
     args = self.arg_defaults.expand(-1, s).clone()
     logits_processors.prepare_tensor_args(requests_in_batch=requests_in_batch, arg_storage=args)
     kernel = None
+    # the present path's inputs: what a kernel that fails in this step falls back to (refill_present)
+    self._present = dict(ids=ids, positions=positions, token_seq=token_seq, write=write, logits=logits, bases=bases, args=args)
     if self.plan.attention == "ragged":  # the kernel's write rows and page tables (serving.ragged)
         write, bases = ragged.step_inputs(self.allocator, write, tables)
         kernel = (kv_lens, real_requests)
@@ -133,15 +135,26 @@ def _io_prepare_batch_tensors(
     )
     self.num_request_in_batch, self.num_q_tokens = real_requests, q
     self.plan.stats.record(real_tokens, real_requests, (q, s))
-    self.plan.stats.record_kv(*ragged.kv_bytes(self.plan, self.allocator, kv_lens, q), real_tokens * (real_tokens == real_requests))
+    if hasattr(self.allocator, "_latent_token_views"):  # multi-head latent attention: each request reads its rows
+        kv = latent_kv_bytes(self.plan, self.allocator, kv_lens, s)
+    else:
+        kv = ragged.kv_bytes(self.plan, self.allocator, kv_lens, q)
+    self.plan.stats.record_kv(*kv, real_tokens * (real_tokens == real_requests))
 
 
 def _io_prepare_warmup_batch(self, q: int, s: int) -> None:
     """A step of shape ``(q, s)`` that reads and writes only the trash sectors."""
     self.reset()
     kernel = ([], 0) if self.plan.attention == "ragged" else None
-    self._fill(q, s, ids=[], positions=[], token_seq=[], write=[], logits=[], bases=[],
-               args=self.arg_defaults.expand(-1, s).clone(), kernel=kernel)
+    self._present = dict(ids=[], positions=[], token_seq=[], write=[], logits=[], bases=[], args=self.arg_defaults.expand(-1, s).clone())
+    self._fill(q, s, **self._present, kernel=kernel)
+
+
+def _io_refill_present(self) -> None:
+    """This step's inputs again, for the present path (its write slots and block bases; ``wrap_fallback``)."""
+    present = self._present
+    q, s = self._kwargs["input_ids"].shape[1], present["args"].shape[1]
+    self._fill(q, s, **present)
 
 
 def _io_fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, bases, args, kernel=None) -> None:
@@ -188,7 +201,7 @@ def _io_fill(self, q: int, s: int, *, ids, positions, token_seq, write, logits, 
         "tpu_block_base": bases_d.view(s, width),
     }
     if kernel is not None:  # serving.ragged: the kernel's page table and ragged lengths
-        self._kwargs.update(ragged.step_kwargs(self._kwargs.pop("tpu_block_base"), *parts[7:]))
+        self._kwargs.update(ragged.step_kwargs(self.plan.kernel_variant, self._kwargs.pop("tpu_block_base"), *parts[7:]))
 
 
 def _io_get_model_kwargs(self, use_padding: bool = False) -> dict:
@@ -213,6 +226,7 @@ def io_class() -> type:
         prepare_batch_tensors = _io_prepare_batch_tensors
         prepare_warmup_batch = _io_prepare_warmup_batch
         _fill = _io_fill
+        refill_present = _io_refill_present
         get_model_kwargs = _io_get_model_kwargs
 
     return TPUBatchIO

@@ -52,8 +52,8 @@ def cache_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     finally:
         _one_group.reset(tokens[0])
         _activations.reset(tokens[1])
-    if activations is not None:
-        _runtime().add_int8_scales(instance)
+    if activations is not None:  # int8 scales: per layer and key-value head on the kernel path, else per position
+        _runtime().add_int8_scales(instance, per_head=plan.attention == "ragged")
     requests.mark_cache(instance, plan)
     return result
 
@@ -85,6 +85,12 @@ def infer_sizes(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
     if _activations.get() is not None:  # int8 pages; activations (and their working memory) in the model's dtype
         instance.activation_dtype = _activations.get()
+    if plan.attention == "ragged":  # what the present path would need, should the kernel fail later (wrap_fallback)
+        plan.attention = "paged"
+        try:
+            plan.present_step_bytes = _step_bytes(instance, plan)
+        finally:
+            plan.attention = "ragged"
     plan.cache = serving.cache_plan(
         plan.budget,
         serving.kv_bytes_per_sector(instance.bytes_per_sector, find_head_dim(instance.config), plan.kv_cache),
@@ -100,11 +106,14 @@ def _step_bytes(handler: Any, plan: serving.ServingPlan) -> int:
 
     # under TP, upstream's handler divides the heads by the cache's split, not by what a rank computes
     heads, kv_heads = plan.local_heads or (handler.num_attention_heads, handler.num_key_value_heads)
+    head_dim, config = find_head_dim(handler.config), handler.config
+    if getattr(config, "kv_lora_rank", None) is not None:  # MLA: the latents read are expanded to every head
+        kv_heads, head_dim = heads, -(-(config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) // 2)
     return serving.step_bytes(
         plan,
         heads=heads,
         kv_heads=kv_heads,
-        head_dim=find_head_dim(handler.config),
+        head_dim=head_dim,
         itemsize=handler.activation_dtype.itemsize,
         vocab_size=handler.config.vocab_size,
         activation_bytes_per_token=handler.bytes_per_batch_token,

@@ -1,7 +1,10 @@
 """What a TPU continuous-batching manager accepts (glue of ``patch_continuous_batching``).
 
-``add_request``: a request longer than the serving max length, or than the paged cache's whole pool
-(``serving.pool``), is refused before it can stop the requests in flight; a ``max_new_tokens`` that would
+``add_request``: a request with no prompt token or ``max_new_tokens`` below 1, or longer than the serving max
+length, the model's positions or the paged cache's whole pool (``serving.pool``), is refused with a
+``ValueError`` naming the limit (``transformers serve`` answers it with a 400) before it can stop the
+requests in flight (an empty prompt reached the scheduler and stopped the generation loop: every later
+request and ``/health`` answered 503); a ``max_new_tokens`` that would
 outgrow either is lowered, with one warning. Within ``add_requests`` (``generate_batch``) such a request
 comes back failed, with the message, and the others are served.
 
@@ -50,7 +53,8 @@ def add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         from transformers.generation.continuous_batching.requests import RequestState
 
         warn_once(f"a request of generate_batch failed on TPU: {error}")
-        state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(kwargs.get("input_ids") or args[0]))
+        prompt = args[0] if args else kwargs["input_ids"]
+        state = RequestState(request_id=kwargs["request_id"], initial_tokens=list(prompt))
         instance.output_router.fail_and_deliver(state, error)
         return kwargs["request_id"]
     return wrapped(*args, **kwargs)
@@ -95,7 +99,8 @@ def _fitted_request(instance: Any, plan: serving.ServingPlan, args: tuple, kwarg
     asked = kwargs.get("max_new_tokens", args[2] if len(args) > 2 else None)
     if asked is None:
         asked = instance.generation_config.max_new_tokens
-    fitted = serving.fit_request(len(input_ids), asked, plan.max_len)  # a prompt too long raises here
+    # an empty prompt, max_new_tokens < 1, a prompt too long raise here: the request fails alone (a 400)
+    fitted = serving.fit_request(len(input_ids), asked, plan.max_len, plan.model_positions)
     if fitted != asked and asked is not None:
         warn_once(
             f"max_new_tokens lowered to fit the TPU serving max length ({plan.max_len} tokens; "

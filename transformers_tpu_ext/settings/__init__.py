@@ -66,6 +66,13 @@ PLUGIN_SETTINGS: tuple[Setting, ...] = (
         values="`1`, `chips=4,generation=v6e,hbm=1GiB,untie_on_move=1`",
     ),
     Setting(
+        "TRANSFORMERS_TPU_EXT_SIMULATE_REPORT", "text", "unset",
+        "a directory: every process that installs the simulated TPU writes `<pid>.json` there (its counters and "
+        "the plugin's patch states; at install, at each compiled program, at exit), so a test can read what another "
+        "process compiled (see [simulated-tpu.md](simulated-tpu.md))",
+        values="`/tmp/sim-reports`",
+    ),
+    Setting(
         "TRANSFORMERS_TPU_EXT_VERBOSITY", "choice", "Transformers' verbosity",
         "the plugin's log level, whatever Transformers' is",
         choices=("detail", "debug", "info", "warning", "error", "critical"),

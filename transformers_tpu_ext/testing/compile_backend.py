@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from . import report
 from .compile_cache import CACHE
 from .device import STATE
 
@@ -35,6 +36,7 @@ def tpu_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., An
     sim = simulated_tpu()
     if CACHE.miss("graph", lambda: _graph_key(gm, example_inputs)) and sim is not None:
         sim._graphs_compiled += 1
+        report.compiled()
     forward = gm.forward
     runs = [0]
 
@@ -81,12 +83,26 @@ def _refuse_inductor(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     return wrapped(*args, **kwargs)
 
 
+#: The simulator's modules that run inside PyTorch's dispatch (tensor operations, factories, transfers,
+#: storages, random draws, autocast): torch_tpu's are C++, which TorchDynamo never sees. TorchDynamo
+#: skips them: an eager stretch of a compiled function (after a graph break) runs them as the chip
+#: runs its kernels, instead of converting their frames (a half-built ``TpuTensor`` failed there).
+DISPATCH_MODULES = (
+    "device", "device_state", "device_storage", "factories", "op_facts", "mixing", "generators", "random_ops",
+    "foreach", "inference_views", "autocast", "pinned", "quantized_ops", "compile_cache", "counters",
+)
+
+
 def _register_with_dynamo(dynamo: Any) -> None:
+    from torch._dynamo import trace_rules
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
     if _COMPILER_FNS.get("tpu") is not tpu_backend:
         _COMPILER_FNS.pop("tpu", None)
         register_backend(tpu_backend, name="tpu")
+    package = __name__.rpartition(".")[0]
+    for name in DISPATCH_MODULES:
+        trace_rules.add(f"{package}.{name}")
 
 
 _registered = False

@@ -185,10 +185,10 @@ def _get_cache_stats() -> dict[str, Any]:
     return CACHE.stats()
 
 
-def _set_cache_only(enabled: bool = True) -> None:
-    CACHE.cache_only = bool(enabled)
+def _set_cache_only(cache_only: bool = True) -> None:  # torch_tpu's parameter names (tests/simulator/test_surface_wheel.py)
+    CACHE.cache_only = bool(cache_only)
 
 
-def _set_dump_on_cache_miss(enabled: bool = True) -> None:
-    CACHE.dump_on_miss = bool(enabled)
+def _set_dump_on_cache_miss(enable: bool = True) -> None:
+    CACHE.dump_on_miss = bool(enable)
 

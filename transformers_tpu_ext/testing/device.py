@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import generators as _generators
-from . import inference_views
+from . import inference_views, report
 from .compile_cache import CACHE as _COMPILE_CACHE
 from .device_state import _CPU, DEVICE_MISMATCH, STATE, _fake_mode_active  # noqa: F401 - device.STATE, device._fake_mode_active
 from .device_storage import _device_storage, _host_storage, _written  # noqa: F401 - device._device_storage
@@ -272,6 +272,7 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         if key not in STATE.seen:
             if _COMPILE_CACHE.miss("eager", key):  # False: loaded from the persistent compile cache
                 STATE.eager_programs += 1
+                report.compiled()
             STATE.seen.add(key)
         else:
             _COMPILE_CACHE.hits += 1

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from . import generators as _generators
+from . import report
 from .compile_cache import CACHE as _COMPILE_CACHE
 from .device import _CPU, STATE, _aten, _info, _is_tpu_wrapper, _to_copy, _wrap
 
@@ -34,6 +35,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             if key not in STATE.seen:
                 if _COMPILE_CACHE.miss("eager", key):
                     STATE.eager_programs += 1
+                    report.compiled()
                 STATE.seen.add(key)
             else:
                 _COMPILE_CACHE.hits += 1
@@ -88,4 +90,7 @@ def register(device: torch.device) -> None:
         # wrapper cannot be resized, so they get kernels that build the CPU tensor directly.
         for name in _RESIZING_FACTORIES:
             aten.impl(name, functools.partial(_fallback, _overload(name)), "PrivateUse1")
+        # ``torch.tensor([t, ...])`` of device scalars reads each with ``item()`` from C++ (Qwen-VL's
+        # get_rope_index); through the generic fallback PyTorch hits the same internal assert.
+        aten.impl("_local_scalar_dense", functools.partial(_fallback, _aten._local_scalar_dense.default), "PrivateUse1")
         _LIBRARY, _ATEN_LIBRARY = lib, aten

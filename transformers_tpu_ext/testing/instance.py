@@ -126,6 +126,12 @@ class SimulatedTPU:
             eager_ops=state.eager_ops,
         )
 
+    def write_report(self) -> None:
+        """Write this process's report now (``TRANSFORMERS_TPU_EXT_SIMULATE_REPORT``; see ``testing/report.py``)."""
+        from . import report
+
+        report.write("asked")
+
     def reset_counters(self) -> None:
         """Zero every counter and forget the eager programs seen (the next run counts again)."""
         self._graphs_compiled = 0

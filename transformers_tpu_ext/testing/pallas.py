@@ -1,27 +1,39 @@
 """The simulated ``torch.tpu.pallas``: ``jax_op`` (and ``get_pallas_mesh``), as torch_tpu 0.2.0 has them.
 
 torch_tpu's ``jax_op("ns::op", fn, *, donate_argnums, mesh, input/output_partition_specs)`` makes a
-``torch.library`` custom op (with a fake kernel) that runs the JAX function ``fn`` on the chip: its
-tensor arguments become JAX arrays, its non-tensor arguments are bound beforehand
-(``functools.partial``), and it composes with ``torch.compile(backend="tpu")``
-(shared/reference/torch_tpu-0.2.0-internals.md, "torch.tpu.pallas"). Both names need JAX.
+``torch.library`` custom op (with a fake kernel) that runs the JAX function ``fn`` on the chip
+(``torch_tpu/_internal/pallas/pallas.py``). Its registration is Python, and the simulator applies the
+same rules (:func:`verify_signature`, :func:`op_schema`; ``tests/simulator/test_jax_op_wheel.py`` runs
+both on the same functions wherever the wheel's sources are found):
 
-On CPU a Pallas TPU kernel cannot run (and JAX 0.10.2's TPU interpret mode fails on the ragged paged
-attention kernel), so the simulator runs, for the kernels it knows, the kernel's own **reference**
-on the same inputs, after the checks the kernel makes when a chip traces it:
+- every parameter of ``inspect.signature(inspect.unwrap(fn), eval_str=True)`` is annotated, with a
+  ``jax.Array``/``torch.Tensor`` (a tensor input) or a POD type (``int``, ``float``, ``bool``, ``str``,
+  dtypes, devices, enums, literals, their optionals and sequences: static arguments); a name bound by
+  ``functools.partial`` needs no valid type, but still an annotation;
+- the **return annotation must be valid** (``jax.Array``, POD types, their tuples, sequences and
+  optionals): a function without one is refused ("The return annotation is invalid"), as JAX's own
+  kernels are (they carry none: wrap them in an annotated function);
+- the op's schema is built from the annotations: tensors are ``Tensor``, static arguments keep their
+  type (and default), the return is ``Tensor``, ``Tensor[]``, ``(Tensor, Tensor)``...
 
-- JAX's ``ragged_paged_attention`` (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``):
-  traced abstractly as a chip would (its input checks, its head tiling, its block sizes for the
-  simulated chip generation), its runtime checks on the real values (``dynamic_validate_inputs``),
-  then ``ref_ragged_paged_attention`` with the same keyword arguments. Each call adds to
-  :data:`STATS` the K/V bytes it reads: the pages of each sequence's ``kv_len``.
-- any other function runs as JAX runs it on the CPU (a Pallas TPU kernel there fails, as it would).
+When the op runs, its tensor arguments become JAX arrays and ``fn`` runs with JAX on the CPU, where a
+Pallas TPU kernel cannot run (and JAX 0.10.2's TPU interpret mode fails on the ragged paged attention
+kernel). So for the kernel it knows, JAX's ``ragged_paged_attention``
+(``jax.experimental.pallas.ops.tpu.ragged_paged_attention``), the simulator first **lowers** ``fn`` for
+the TPU as torch_tpu does on its first call (``jax.export`` for ``platforms=["tpu"]``, the kernel's
+Mosaic lowering for the simulated chip's generation: its input checks, head tiling and block shapes),
+once per input shapes; then runs ``fn`` with the kernel replaced by its runtime checks
+(``dynamic_validate_inputs``) and its reference (``ref_ragged_paged_attention``) on the same inputs.
+JAX itself sees no TPU, as inside torch_tpu's process: a kernel left to choose its block sizes from
+``jax.devices()`` fails there, as on a chip. Each kernel call adds to :data:`STATS` the K/V bytes it
+reads: the pages of each sequence's ``kv_len``.
 
 Tensor arguments must be on the ``tpu`` device; torch_tpu's dtype table and argument checks apply.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -30,13 +42,18 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["KvStats", "STATS", "get_pallas_mesh", "jax_op", "kernel_kv_bytes"]
+__all__ = ["KvStats", "STATS", "get_pallas_mesh", "jax_op", "kernel_kv_bytes", "op_schema", "verify_signature"]
+
+from .jax_op_rules import op_schema, verify_signature
+from .jax_op_rules import signature_of as _signature
+from .jax_op_rules import static_names as _static_names
 
 _NO_JAX = "JAX/Pallas is not available. Please install JAX to use this API."
 _KERNEL_MODULE = "jax.experimental.pallas.ops.tpu.ragged_paged_attention"
 #: Keyword arguments of the kernel that tune its blocks on a chip (its reference takes none of them).
 _TUNING = ("num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes")
-_INT_ARGS = ("kv_lens", "page_indices", "cu_q_lens", "num_seqs")
+#: The device kind JAX's Mosaic lowering reads for each simulated chip generation.
+DEVICE_KINDS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7x"}
 
 
 @dataclass
@@ -46,6 +63,7 @@ class KvStats:
 
     calls: int = 0
     kv_bytes_read: int = 0
+    lowered: int = 0  # distinct (op, input shapes) lowered for the TPU
 
     def reset(self) -> None:
         self.calls = 0
@@ -65,85 +83,118 @@ def _jax() -> Any:
     return jax
 
 
-def get_pallas_mesh(axis_names: Any, mesh_shape: Any, process_group: Any = None) -> Any:
-    """torch_tpu's mesh for ``jax_op`` over several chips: the simulator runs ``jax_op`` on one chip."""
+def get_pallas_mesh(axis_names: Any, mesh_shape: Any = None, process_group: Any = None) -> Any:
+    """torch_tpu's mesh for ``jax_op`` over several chips: its refusals (``torch.distributed`` not initialized,
+    a shape or group that is not the whole world, names that do not match the shape: the wheel's
+    ``_get_pallas_mesh``), then the simulator's own (it runs ``jax_op`` on one chip)."""
+    import math
+
+    import torch.distributed as dist
+
     _jax()
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized. dist.init_process_group()")
+    world = dist.get_world_size()
+    if process_group is not None and dist.get_world_size(process_group) != world:
+        raise ValueError(
+            "torch_tpu pallas kernels currently require full world-size meshes only. Got process_group with size "
+            f"{dist.get_world_size(process_group)}, expected {world}."
+        )
+    if mesh_shape is not None and math.prod(mesh_shape) != world:
+        raise ValueError(f"Pallas mesh shape {mesh_shape} product ({math.prod(mesh_shape)}) must match world size ({world}).")
+    if mesh_shape is not None and not isinstance(axis_names, str) and len(axis_names) != len(mesh_shape):
+        raise ValueError("does not match length")
+    if mesh_shape is None and not isinstance(axis_names, str) and len(axis_names) > 1:
+        raise ValueError("must be explicitly specified")
     raise NotImplementedError("the simulated TPU runs jax_op on one chip (no Pallas mesh)")
+
+
+# ---------------------------------------------------------------------------------------------
+# jax_op
 
 
 def jax_op(
     name: str,
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | None = None,
+    /,
     *,
-    donate_argnums: tuple[int, ...] = (),
+    donate_argnums: Any = None,
     mesh: Any = None,
     input_partition_specs: Any = None,
     output_partition_specs: Any = None,
 ) -> Any:
     """A ``torch.library`` custom op ``name`` that runs the JAX function ``fn`` on the simulated TPU.
 
-    Positional parameters of ``fn`` without a default are its tensor inputs (bind everything else with
-    ``functools.partial``). ``donate_argnums`` is accepted (the simulator copies arrays anyway); a
-    ``mesh`` is refused (one chip). Returns the op: call it with ``tpu`` tensors; ``register_fake``
+    Refuses what torch_tpu refuses (:func:`verify_signature`), with its schema (:func:`op_schema`).
+    ``donate_argnums`` is accepted (the simulator copies arrays anyway); a ``mesh`` is refused (one
+    chip). Without ``fn``, a decorator. Returns the op: call it with ``tpu`` tensors; ``register_fake``
     replaces its fake kernel (derived from ``jax.eval_shape``).
     """
     jax = _jax()
+    if "::" not in name:
+        raise ValueError(f"Op name {name} does not contain a namespace.")
+    if len(name.split("::")) != 2:
+        raise ValueError(f"Op name {name} must have exactly one '::' separator.")
     if mesh is not None or input_partition_specs is not None or output_partition_specs is not None:
         raise NotImplementedError("the simulated TPU runs jax_op on one chip (no mesh or partition specs)")
-    params = [
-        p
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    if not params:
-        raise TypeError(f"jax_op({name!r}): the function takes no tensor argument")
-    schema = "(" + ", ".join(f"Tensor {p.name}" for p in params) + ") -> Tensor"
-    run = _runner(fn, jax)
 
-    def implementation(*tensors: torch.Tensor) -> torch.Tensor:
-        return run(tensors)
+    def register(fn: Callable[..., Any]) -> Any:
+        verify_signature(fn)
+        schema = op_schema(fn)
+        signature = _signature(fn)
+        static = _static_names(signature)
+        run = functools.partial(_run, name, fn, signature, static, jax)
 
-    op = torch.library.custom_op(name, implementation, mutates_args=(), schema=schema)
+        def implementation(*args: Any, **kwargs: Any) -> Any:
+            return run(args, kwargs, abstract=False)
 
-    def fake(*tensors: torch.Tensor) -> torch.Tensor:
-        out = _eval_shape(fn, jax, tensors)
-        return torch.empty(out.shape, dtype=_torch_dtype(out.dtype), device=tensors[0].device)
+        op = torch.library.custom_op(name, implementation, mutates_args=(), schema=schema)
 
-    op.register_fake(fake)
-    return op
+        def fake(*args: Any, **kwargs: Any) -> Any:
+            return run(args, kwargs, abstract=True)
 
+        op.register_fake(fake)
+        return op
 
-# ---------------------------------------------------------------------------------------------
-# Running a JAX function on the simulator's CPU data.
+    return register if fn is None else register(fn)
 
 
-def _runner(fn: Callable[..., Any], jax: Any) -> Callable[[tuple], torch.Tensor]:
-    kernel = _known_kernel(fn)
-    if kernel is None:
-        return lambda tensors: _to_torch(fn(*[_to_jax(t, jax) for t in _checked(tensors)]))
-    return functools.partial(_ragged_paged_attention, fn, kernel, jax)
+def _run(name: str, fn: Callable, signature: inspect.Signature, static: set, jax: Any, args: tuple, kwargs: dict,
+         abstract: bool) -> Any:
+    bound = signature.bind(*args, **kwargs)
+    device = next((t.device for t in bound.arguments.values() if isinstance(t, torch.Tensor)), torch.device("tpu"))
+    arrays, statics = {}, {}
+    for key, value in bound.arguments.items():
+        if key in static:
+            statics[key] = value
+        elif value is not None:
+            arrays[key] = _checked(key, value)
+    call = functools.partial(fn, **statics)
+    if abstract:
+        structs = {k: jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for k, t in arrays.items()}
+        out = jax.eval_shape(lambda **a: call(**a), **structs)
+        return jax.tree_util.tree_map(
+            lambda s: torch.empty(s.shape, dtype=_torch_dtype(s.dtype), device=device), out)
+    if _uses_kernel(fn):
+        _lower_once(name, call, arrays, jax)
+    with _kernel_on_cpu():
+        out = call(**{k: _to_jax(t, jax) for k, t in arrays.items()})
+    return jax.tree_util.tree_map(lambda a: _to_torch(a).to(device), out)
 
 
-def _known_kernel(fn: Any) -> Any:
-    """JAX's ragged paged attention module when ``fn`` is its kernel (or a partial of it), else ``None``."""
-    import sys
-
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    module = sys.modules.get(_KERNEL_MODULE)
-    if module is None or not hasattr(module, "ref_ragged_paged_attention"):
-        return None
-    return module if target is getattr(module, "ragged_paged_attention", None) else None
-
-
-def _checked(tensors: tuple) -> tuple:
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"custom kernels only support torch.Tensor and None inputs, but input {i} was of type {type(t)}. "
-                "Use static_argnums or functools.partial for non-tensor args."
-            )
-        _jax_dtype(t.dtype)
-    return tensors
+def _checked(key: str, t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"custom kernels only support torch.Tensor and None inputs, but input {key} was of type {type(t)}. "
+            "Use static_argnums or functools.partial for non-tensor args."
+        )
+    _jax_dtype(t.dtype)
+    if t.dtype in (torch.int64, torch.float64) and not _jax().config.jax_enable_x64:
+        raise TypeError(
+            f"input {key} is {t.dtype}: JAX without jax_enable_x64 takes it as a 32-bit array (the kernel is "
+            "traced and lowered for 32 bits, the chip gets 64-bit data): pass int32/float32 tensors"
+        )
+    return t
 
 
 def _jax_dtype(dtype: torch.dtype) -> Any:
@@ -164,7 +215,7 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     import jax.numpy as jnp
 
     name = jnp.dtype(dtype).name
-    result = getattr(torch, {"bool": "bool"}.get(name, name), None)
+    result = getattr(torch, name, None)
     if not isinstance(result, torch.dtype):
         raise NotImplementedError(f"Unsupported dtype for pallas kernels: {dtype}")
     return result
@@ -188,50 +239,87 @@ def _to_torch(array: Any) -> torch.Tensor:
     return torch.from_numpy(host.copy())
 
 
-def _eval_shape(fn: Callable[..., Any], jax: Any, tensors: tuple) -> Any:
-    structs = [jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for t in _checked(tensors)]
-    kernel = _known_kernel(fn)
-    if kernel is None:
-        return jax.eval_shape(fn, *structs)
-    wrong = [f"{name}: {t.dtype}" for name, t in zip(_INT_ARGS, tensors[2:]) if t.dtype != torch.int32]
-    if wrong:
-        raise ValueError(f"The dtype of `kv_lens`, `page_indices`, `cu_q_lens` and `num_seqs` must be int32. Got {wrong}.")
+# ---------------------------------------------------------------------------------------------
+# JAX's ragged paged attention kernel: lowered for the simulated chip, run as its reference
+
+
+def _kernel_module() -> Any:
+    import sys
+
+    module = sys.modules.get(_KERNEL_MODULE)
+    return module if module is not None and hasattr(module, "ref_ragged_paged_attention") else None
+
+
+def _uses_kernel(fn: Any) -> bool:
+    """Whether ``fn`` may call a Pallas TPU kernel the simulator knows: JAX's ragged paged attention or its
+    megablox grouped matmul (their module is imported)."""
+    from . import megablox
+
+    return _kernel_module() is not None or megablox.imported()
+
+
+_lowered: set = set()
+
+
+def _device_kind() -> str:
+    from .instance import simulated_tpu
+
+    generation = getattr(simulated_tpu(), "generation", "v6e") or "v6e"
+    return DEVICE_KINDS.get(generation, "TPU v6 lite")
+
+
+def _lower_once(name: str, call: Callable, arrays: dict, jax: Any) -> None:
+    """Lower ``call`` for the TPU, as torch_tpu does on the op's first call with these shapes: under an
+    abstract mesh of the simulated chip's generation (what Mosaic reads); ``jax.devices()`` stays the CPU."""
+    kind = _device_kind()
+    key = (name, kind, tuple((k, tuple(t.shape), t.dtype) for k, t in arrays.items()))
+    if key in _lowered:
+        return
+    structs = {k: jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for k, t in arrays.items()}
+    device = jax.sharding.AbstractDevice(kind, 1, "tpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device)
     try:
-        with _simulated_chip(kernel):
-            return jax.eval_shape(fn, *structs)
-    except (AssertionError, ValueError, NotImplementedError) as error:  # what the kernel's trace refuses
-        raise ValueError(
-            f"ragged_paged_attention cannot take q {tuple(tensors[0].shape)} {tensors[0].dtype} with kv_pages "
-            f"{tuple(tensors[1].shape)} {tensors[1].dtype}: {type(error).__name__}: {error}"
-        ) from error
+        with jax.sharding.use_abstract_mesh(mesh), jax._src.config.export_ignore_forward_compatibility(True):
+            jax.export.export(
+                jax.jit(lambda **a: call(**a)), platforms=["tpu"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("ALL")],
+            )(**structs)
+    except Exception as error:  # what the kernel's trace or its Mosaic lowering refuses
+        shapes = ", ".join(f"{k} {tuple(t.shape)} {t.dtype}" for k, t in arrays.items())
+        raise ValueError(f"{name} does not lower for a {kind} ({shapes}): {type(error).__name__}: {error}") from error
+    with _lock:
+        _lowered.add(key)
+        STATS.lowered += 1
 
 
-class _simulated_chip:
-    """While a kernel is traced: JAX's TPU generation lookups answer the simulated chip's generation
-    (the kernel picks its block sizes from it; on the CPU JAX has no TPU to ask)."""
+@contextlib.contextmanager
+def _kernel_on_cpu() -> Any:
+    """While a JAX function runs on the CPU (a Pallas TPU kernel cannot run here): JAX's ragged paged attention
+    kernel is its runtime checks and its reference, megablox's ``gmm``/``tgmm`` their definitions
+    (:mod:`.megablox`, which counts their weight reads)."""
+    from . import megablox
 
-    def __init__(self, kernel: Any) -> None:
-        import importlib
+    with megablox.on_cpu(), _ragged_on_cpu():
+        yield
 
-        self.tuned = importlib.import_module(_KERNEL_MODULE + ".tuned_block_sizes")
-        self.saved: dict[str, Any] = {}
 
-    def __enter__(self) -> None:
-        from .instance import simulated_tpu
+@contextlib.contextmanager
+def _ragged_on_cpu() -> Any:
+    module = _kernel_module()
+    if module is None:
+        yield
+        return
+    import importlib
 
-        sim = simulated_tpu()
-        generation = getattr(sim, "generation", "v6e") or "v6e"
-        version = 7 if generation.startswith("v7") else int("".join(c for c in generation if c.isdigit()) or 6)
-        name = "TPU7x" if version == 7 else f"TPU v{version}"
-        _lock.acquire()
-        for attr, value in (("get_tpu_version", lambda: version), ("get_device_name", lambda num_devices=None: name)):
-            self.saved[attr] = getattr(self.tuned, attr)
-            setattr(self.tuned, attr, value)
-
-    def __exit__(self, *exc: Any) -> None:
-        for attr, value in self.saved.items():
-            setattr(self.tuned, attr, value)
-        _lock.release()
+    kernel = importlib.import_module(_KERNEL_MODULE + ".kernel")
+    stand_in = functools.partial(_reference_kernel, module)
+    with _lock:
+        saved = module.ragged_paged_attention, kernel.ragged_paged_attention
+        module.ragged_paged_attention = kernel.ragged_paged_attention = stand_in
+        try:
+            yield
+        finally:
+            module.ragged_paged_attention, kernel.ragged_paged_attention = saved
 
 
 def kernel_kv_bytes(kv_lens: Any, num_seqs: int, page_size: int, bytes_per_token: int) -> int:
@@ -241,24 +329,23 @@ def kernel_kv_bytes(kv_lens: Any, num_seqs: int, page_size: int, bytes_per_token
     return pages * page_size * bytes_per_token
 
 
-def _ragged_paged_attention(fn: Any, kernel: Any, jax: Any, tensors: tuple) -> torch.Tensor:
-    _checked(tensors)
-    _eval_shape(fn, jax, tensors)  # the checks a chip makes when it traces the kernel
-    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (_to_jax(t, jax) for t in tensors)
-    keywords = dict(fn.keywords) if isinstance(fn, functools.partial) else {}
+def _reference_kernel(module: Any, q: Any, kv_pages: Any, kv_lens: Any, page_indices: Any, cu_q_lens: Any,
+                      num_seqs: Any, **keywords: Any) -> Any:
+    import jax.numpy as jnp
+    import numpy as np
+
+    module.dynamic_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **keywords)
     for name in _TUNING:
         keywords.pop(name, None)
-    kernel.dynamic_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **keywords)
+    seqs = int(num_seqs[0])
     # The kernel writes every row of its [tokens, heads, head_dim] output; the reference only the
     # sequences' own (and none without a sequence): the padding rows (past cu_q_lens[num_seqs]) are zeros here.
-    result = torch.zeros(tuple(tensors[0].shape), dtype=tensors[0].dtype)
-    seqs = int(tensors[5][0])
+    result = jnp.zeros(q.shape, q.dtype)
     if seqs:
-        out = kernel.ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **keywords)
-        real = _to_torch(out)
-        result[: real.shape[0]] = real
-    _, page_size, combined_heads, head_dim = tensors[1].shape
-    read = kernel_kv_bytes(tensors[2].tolist(), seqs, page_size, combined_heads * head_dim * tensors[1].element_size())
+        real = module.ref_ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **keywords)
+        result = result.at[: real.shape[0]].set(real)
+    _, page_size, combined_heads, head_dim = kv_pages.shape
+    read = kernel_kv_bytes(np.asarray(kv_lens).tolist(), seqs, page_size, combined_heads * head_dim * kv_pages.dtype.itemsize)
     with _lock:
         STATS.calls += 1
         STATS.kv_bytes_read += read

@@ -19,6 +19,7 @@ from . import (
     factories,
     foreach,
     generators,
+    grouped_ops,
     pinned,
     process_group,
     quantized_ops,
@@ -27,6 +28,7 @@ from . import (
     synchronize,
 )
 from . import chips as chips_module
+from . import report
 from .instance import DEFAULTS, SimulatedTPU, is_installed, set_current, simulated_tpu
 
 __all__ = ["SimulatedTPU", "install", "install_from_env", "is_installed", "simulated_tpu"]
@@ -129,6 +131,7 @@ def _register_torch() -> None:
     autocast.register()
     random_ops.register()
     quantized_ops.register()
+    grouped_ops.register()
     synchronize.register()
     foreach.register()
     wrapt.wrap_function_wrapper(torch.nn.Module, "_apply", _untie_in_apply)
@@ -152,6 +155,7 @@ def install(
             sim.configure(chips=chips, generation=generation, hbm_bytes=hbm_bytes, untie_on_move=untie_on_move)
             _register_torch()
             set_current(sim)
+            report.enable(_report_counters)  # TRANSFORMERS_TPU_EXT_SIMULATE_REPORT: for other processes to read
         else:
             sim.unpark()  # asked for again: visible again (see SimulatedTPU.park)
             sim.hbm_bytes = None
@@ -174,3 +178,13 @@ def parse_spec(spec: str) -> dict[str, Any]:
 def install_from_env(spec: str) -> SimulatedTPU:
     """Install from a ``TRANSFORMERS_TPU_EXT_SIMULATE`` value (``"1"`` or ``"chips=4,..."``)."""
     return install(**parse_spec(spec))
+
+
+def _report_counters() -> dict[str, object]:
+    """The installed simulator's counters as the report writes them (``{}`` when none is installed)."""
+    sim = simulated_tpu()
+    if sim is None:
+        return {}
+    counters = sim.counters().asdict()
+    counters["programs"] = counters["graphs_compiled"] + counters["eager_programs"]
+    return counters

@@ -23,10 +23,12 @@ Architectures (:data:`ARCHITECTURES`), one per decoder family Transformers ships
     phi3      partial rotary (half of each head), GQA
     gpt_neox  partial rotary (a quarter of each head), parallel residual
 
-and ``glm4`` (2 KV heads for 8 query heads), a stand-in for GLM-4 in the tensor-parallel docs, and the
-state-space and hybrid families (:data:`RECURRENT_ARCHITECTURES`): ``mamba``, ``mamba2``, ``jamba``
-(Mamba + attention + mixture of experts), ``falcon_h1`` (Mamba2 beside attention), ``lfm2`` (short
-convolutions + attention), ``qwen3_next`` (gated delta rule + attention + mixture of experts).
+and ``glm4`` (2 KV heads for 8 query heads), a stand-in for GLM-4 in the tensor-parallel docs; the
+mixture-of-experts families (:data:`MOE_ARCHITECTURES`): ``mixtral``, ``qwen3_moe``, ``gpt_oss`` (attention
+sinks) and ``deepseek_v3`` (multi-head latent attention); the state-space and hybrid families
+(:data:`RECURRENT_ARCHITECTURES`): ``mamba``, ``mamba2``, ``jamba`` (Mamba + attention + mixture of experts),
+``falcon_h1`` (Mamba2 beside attention), ``lfm2`` (short convolutions + attention), ``qwen3_next`` (gated
+delta rule + attention + mixture of experts).
 :func:`save_hub_stand_in` puts one in a Hugging Face cache under a Hub name.
 """
 
@@ -39,6 +41,7 @@ from typing import Any
 __all__ = [
     "ARCHITECTURES",
     "DEFAULT_INITIALIZER_RANGE",
+    "MOE_ARCHITECTURES",
     "RECURRENT_ARCHITECTURES",
     "TINY_TEXT",
     "check_context_sensitive",
@@ -48,6 +51,7 @@ __all__ = [
     "tiny_config",
     "tiny_lm_dataset",
     "tiny_model",
+    "tiny_preference_pairs",
     "tiny_tokenizer",
 ]
 
@@ -123,6 +127,37 @@ _ARCHS["glm4"] = (  # GLM-4-9B-0414's trait: 2 KV heads for many query heads (te
     "glm4",
     dict(_COMMON, num_attention_heads=8, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False),
 )
+
+
+# Mixture-of-experts families (built like the others, not in ARCHITECTURES: the MoE tests run them): experts
+# through Transformers' experts interface (``grouped_mm`` by default), routers of each kind.
+_MOE = dict(_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+_ARCHS["mixtral"] = ("mixtral", dict(_MOE, num_local_experts=4, num_experts_per_tok=2))  # softmax top-2 router
+_ARCHS["qwen3_moe"] = (  # 8 experts, top-2, every layer sparse
+    "qwen3_moe",
+    dict(_MOE, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[]),
+)
+_ARCHS["gpt_oss"] = (  # attention sinks, sliding and full layers, transposed experts with biases and a clamped gate
+    "gpt_oss",
+    dict(
+        _MOE, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={  # gpt-oss's YaRN, its original length scaled down with the tiny max length (512 / 32)
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 16,
+        },
+    ),
+)
+_ARCHS["deepseek_v3"] = (  # multi-head latent attention, a dense first layer, grouped top-k routing, a shared expert
+    "deepseek_v3",
+    dict(
+        _COMMON, moe_intermediate_size=16, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+    ),
+)
+#: The mixture-of-experts architectures :func:`tiny_config` builds (context-sensitive too).
+MOE_ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
 
 
 # State-space and hybrid families (issue 39), one per family generate() handles: every recurrent mixer
@@ -326,3 +361,24 @@ def tiny_lm_dataset(
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_length, max_length + 1, (num_examples,), generator=gen).tolist()
     return [{"input_ids": torch.randint(2, vocab, (n,), generator=gen).tolist()} for n in lengths]
+
+
+def tiny_preference_pairs(num_pairs: int = 12, max_words: int = 6, seed: int = 0) -> dict[str, list[str]]:
+    """Preference pairs (``prompt``, ``chosen``, ``rejected``) of words from :data:`TINY_TEXT`, of varied lengths:
+    a column dict for ``datasets.Dataset.from_dict``, the format TRL's ``DPOTrainer``, ``RewardTrainer``, ORPO
+    and CPO read (KTO: each answer alone, with a ``label``). Seeded; no download."""
+    import random
+
+    words = " ".join(TINY_TEXT).split()
+    rng = random.Random(seed)
+    rows: dict[str, list[str]] = {"prompt": [], "chosen": [], "rejected": []}
+
+    def span(low: int, high: int) -> str:
+        start = rng.randrange(len(words))
+        return " ".join((words * 2)[start: start + rng.randint(low, high)])
+
+    for _ in range(num_pairs):
+        rows["prompt"].append(span(2, max_words))
+        rows["chosen"].append(" " + span(1, max_words))
+        rows["rejected"].append(" " + span(1, max_words))
+    return rows

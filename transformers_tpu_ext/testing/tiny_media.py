@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["IMAGE_SIZE", "clips", "image_processor", "images", "requests", "tiny_audio_classifier", "tiny_vit", "tiny_whisper"]
+__all__ = ["IMAGE_SIZE", "clips", "image_processor", "images", "requests", "tiny_audio_classifier", "tiny_vit", "tiny_whisper",
+           "tiny_whisper_generation"]
 
 #: The side images are resized to (the ViT's ``image_size``).
 IMAGE_SIZE = 32
@@ -81,6 +82,23 @@ def tiny_whisper(seed: int = 0, num_labels: int = 3) -> tuple[Any, Any]:
                            num_labels=num_labels, initializer_range=0.3, classifier_proj_size=16)
     return WhisperForAudioClassification(config).eval(), WhisperFeatureExtractor(
         chunk_length=1, feature_size=16, hop_length=800, n_fft=400)
+
+
+def tiny_whisper_generation(seed: int = 0) -> tuple[Any, Any]:
+    """A 2-layer, 32-wide ``WhisperForConditionalGeneration`` (64-token vocabulary: 0 padding, 1 beginning, 2 end of
+    transcript, 3 start of transcript; no suppressed tokens) of 1-second clips, and :func:`tiny_whisper`'s feature
+    extractor (every clip padded or cut to 16,000 samples: 20 frames), the model in evaluation mode. Context-sensitive
+    (``initializer_range=0.3``): different clips give different transcripts."""
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = WhisperConfig(vocab_size=64, d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64,
+                           decoder_layers=2, decoder_attention_heads=2, decoder_ffn_dim=64, num_mel_bins=16,
+                           max_source_positions=10, max_target_positions=64, initializer_range=0.3, pad_token_id=0,
+                           bos_token_id=1, eos_token_id=2, decoder_start_token_id=3, suppress_tokens=[],
+                           begin_suppress_tokens=[])
+    return WhisperForConditionalGeneration(config).eval(), tiny_whisper()[1]
 
 
 def clips(count: int, seed: int = 0, lengths: list[int] | None = None, shortest: int = 200, longest: int = 3000) -> list[Any]:

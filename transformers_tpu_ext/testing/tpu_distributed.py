@@ -77,11 +77,12 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
     env.setdefault("TORCH_TPU_XPROF_SESSION_ID", uuid.uuid4().hex)
 
 
-def spmd_safe(fn: Any) -> Any:
-    return fn
+def spmd_safe(func: Any) -> Any:
+    return func
 
 
-def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
+def topology_aware_mesh(mesh_shape: Any, *, dcn_mesh_shape: Any = None, allow_split_physical_axes: bool = False,
+                        contiguous_submeshes: bool = False) -> Any:
     raise NotImplementedError("the simulated TPU does not model topology_aware_mesh()")
 
 

@@ -180,25 +180,42 @@ def initial_seed() -> int:
 
 
 @internal("get_rng_state")
-def get_rng_state(device: Any = None) -> torch.Tensor:
+def get_rng_state(device: Any = "tpu") -> torch.Tensor:
     return STATE.generator.get_state()
 
 
-def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
     STATE.generator.set_state(new_state)
 
 
-# Streams and events: operations run synchronously on the CPU, so these only keep the shape.
+# Streams and events: operations run synchronously on the CPU, so these only keep the shape, and refuse
+# what torch_tpu's refuse (torch_tpu/_internal/stream/streams.py: NotImplementedError with this message).
+_NOT_IMPLEMENTED_STREAMS = (
+    "Streams and Events are not fully implemented in TorchTPU. Please file a feature request describing your use case."
+)
+_PINNING = {"none": "unpinned", "unpinned": "unpinned", **dict.fromkeys(("tensorcore", "tensor_core", "tc", "tensor", "dense"), "tensorcore"),
+            **dict.fromkeys(("sparse", "sparse_core", "sparsecore", "sc", "sparseoffload"), "sparsecore")}
+
+
 class Stream:
-    def __init__(self, device: Any = None, priority: int = 0) -> None:
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.device = STATE.device
         self.priority = priority
+        pinned = kwargs.get("pinned")
+        if pinned is not None and not isinstance(pinned, str):
+            raise ValueError(f"pinned must be a CorePinningMode or a string, got {type(pinned)}")
+        if pinned is not None and pinned.lower() not in _PINNING:
+            raise ValueError(f"Unknown device pinning mode: {pinned}")
+        self.pinned = _PINNING[pinned.lower()] if pinned else "unpinned"
 
     def synchronize(self) -> None:
         return None
 
     def query(self) -> bool:
-        return True
+        raise NotImplementedError(_NOT_IMPLEMENTED_STREAMS)
+
+    def priority_range(self) -> Any:
+        raise NotImplementedError(_NOT_IMPLEMENTED_STREAMS)
 
     def wait_event(self, event: Event) -> None:
         return None
@@ -213,11 +230,21 @@ class Stream:
 
 
 class Event:
-    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False, device: Any = None) -> None:
         self.enable_timing = enable_timing
 
-    def record(self, stream: Stream | None = None) -> None:
-        return None
+    def record(self, stream: Stream | None = None) -> Event:
+        if stream is not None and not isinstance(stream, (Stream, torch.Stream)):
+            raise TypeError(f"expected torch.Stream, but got {type(stream).__name__}")
+        return self
+
+    def ipc_handle(self) -> Any:
+        raise NotImplementedError(_NOT_IMPLEMENTED_STREAMS)
+
+    @classmethod
+    def from_ipc_handle(cls, device: Any, handle: Any) -> Event:
+        raise NotImplementedError(_NOT_IMPLEMENTED_STREAMS)
 
     def wait(self, stream: Stream | None = None) -> None:
         return None
@@ -246,17 +273,17 @@ def current_stream(device: Any = None) -> Stream:
 
 
 @internal("set_stream")
-def set_stream(stream_: Stream) -> None:
+def set_stream(stream: Stream) -> None:
     global _current_stream
-    _current_stream = stream_
+    _current_stream = stream
 
 
 @contextlib.contextmanager
-def stream(stream_: Stream | None) -> Iterator[None]:
+def stream(stream: Stream | None) -> Iterator[None]:  # noqa: F811 - torch_tpu's parameter name
     global _current_stream
     previous = _current_stream
-    if stream_ is not None:
-        _current_stream = stream_
+    if stream is not None:
+        _current_stream = stream
     try:
         yield
     finally:
@@ -330,7 +357,8 @@ def allow_excess_precision(enabled: bool = True) -> Iterator[None]:
     yield
 
 
-def topology_aware_mesh(*args: Any, **kwargs: Any) -> Any:
+def topology_aware_mesh(mesh_shape: Any, *, dcn_mesh_shape: Any = None, allow_split_physical_axes: bool = False,
+                        contiguous_submeshes: bool = False) -> Any:
     raise NotImplementedError("the simulated TPU does not model topology_aware_mesh()")
 
 

@@ -1,18 +1,18 @@
 """The plain facts :func:`transformers_tpu_ext.training.buckets.plan_batch` decides from, and its plan (pure).
 
 :class:`ModelFacts` (what the model's kind and config say), :class:`SourceFacts` (where the batch comes
-from: training, evaluation, a trainer's own loss) and :class:`BatchPlan` (what is padded, and how);
-all three are also importable from :mod:`.buckets`.
+from: training, evaluation, a trainer's own loss), :class:`BatchLayout` (the keys of a library trainer's
+own batches) and :class:`BatchPlan` (what is padded, and how); all are also importable from :mod:`.buckets`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.length_readers import ModelLengths
 
-__all__ = ["BatchPlan", "ModelFacts", "SourceFacts"]
+__all__ = ["BatchLayout", "BatchPlan", "ModelFacts", "SourceFacts"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,32 @@ class ModelFacts:
     aux_loss: bool = False
     #: What in it reads the length of the forward pass (rotary types whose frequencies depend on it).
     lengths: ModelLengths = ModelLengths()
+    #: A vision-language model of a family whose inputs were read (``generation.multimodal.FAMILIES``): the
+    #: per-image inputs it takes (``pixel_values``, ``image_grid_thw``), passed through unchanged: the text is padded
+    #: on the right (a placeholder never moves to another image) and no row is added (a copied row would need
+    #: its images too). Empty: not such a model.
+    media_keys: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """The keys of a library trainer's own batches (its collator's), where they are not Transformers' own.
+
+    - ``groups``: key prefixes whose per-token keys are padded to one length: each group is one bucket,
+      its keys the prefix and a per-token key the plan knows (``chosen_`` + ``input_ids``); ``(("",),)``
+      is Transformers' own keys. TRL's ORPO and CPO concatenate their chosen and rejected answers to
+      the longer of the two (one group ``("chosen_", "rejected_")``); KTO runs its KL completions in a
+      forward of their own (two groups ``("",)`` and ``("KL_",)``);
+    - ``per_row``: tensors of one value per row or pair (KTO's ``label``, a reward margin): never padded;
+    - ``unread``: tensors the training loss never reads (ORPO's left-padded prompts, used by generation
+      in evaluation only): left as collated.
+
+    Every other tensor of the batch makes it unknown: it is left as the collator made it.
+    """
+
+    groups: tuple[tuple[str, ...], ...] = (("",),)
+    per_row: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,13 +93,15 @@ class SourceFacts:
     - ``packed``: the collator packs sequences into one row told apart by ``position_ids``
       (``DataCollatorWithFlattening``);
     - ``generates``: the batch holds prompts for ``generate()`` (``predict_with_generate``);
-    - ``custom_loss``: a loss of the user's (a ``compute_loss`` override, ``compute_loss_func``):
-      whether it ignores padding is unknown;
+    - ``custom_loss``: a loss of the user's (a ``compute_loss`` override, ``compute_loss_func``) not declared
+      with ``ignores_padding``: whether it ignores padding is unknown; ``own_loss`` says which (the log's words);
     - ``cuts_outputs``: evaluation outputs are cut back to the collator's lengths (the Trainer's own
       ``prediction_step``);
     - ``returns_inputs``: the inputs themselves go to the metrics (``include_for_metrics=["inputs"]``);
     - ``keeps_rows``: the loss or its logged metrics read every row of the batch (TRL's trainers: DPO
-      pairs the first and second halves of the rows, SFT counts the attention mask's tokens): no rows added.
+      pairs the first and second halves of the rows, SFT counts the attention mask's tokens): no rows added;
+    - ``layout``: the keys of a library trainer's own batches (:class:`BatchLayout`; ``None``: Transformers'
+      keys, as its collators make them).
 
     The defaults describe a user's own training loop.
     """
@@ -82,10 +110,12 @@ class SourceFacts:
     packed: bool = False
     generates: bool = False
     custom_loss: bool = False
+    own_loss: str = ""
     cuts_outputs: bool = False
     returns_inputs: bool = False
     keeps_rows: bool = False
     neftune: bool = False  # NEFTune noise on the input embeddings (neftune_noise_alpha)
+    layout: BatchLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +126,9 @@ class BatchPlan:
     padding). ``pad_token_id``: the id ``input_ids`` are padded with when it must be the model's
     (``None``: the collator's). ``sides``: ``(padded, original)`` length of each side that is padded
     (the encoder or only side first), what evaluation outputs are cut back with. ``sequence`` is the
-    longest padded length (the buckets used are the first items of ``sides``).
+    longest padded length (the buckets used are the first items of ``sides``). ``fills``: the padding
+    value of a key whose name is not the per-token key it stands for (a :class:`BatchLayout`'s prefixed
+    keys); the others take :data:`~transformers_tpu_ext.training.buckets.SEQUENCE_PADDING`'s.
     """
 
     rows: int
@@ -105,6 +137,7 @@ class BatchPlan:
     add_mask: bool = False
     pad_token_id: int | None = None
     sides: tuple[tuple[int, int], ...] = ()
+    fills: Mapping[str, int | str] = field(default_factory=dict)
 
     @property
     def buckets(self) -> tuple[int, ...]:

@@ -29,22 +29,21 @@ on TPU.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from ..ladders import geometric_ladder, round_up
+from ..ladders import round_up
 from ..core.length_readers import padding_limit
-from ..settings.parser import OFF_WORDS, ON_WORDS, near_word
-from .batch_facts import BatchPlan, ModelFacts, SourceFacts  # the plan's facts, re-exported here
-from .settings import SETTINGS as _SETTINGS
+from .bucket_settings import ENV, Settings, sequence_ladder, settings, settings_problems  # re-exported here
+from .batch_facts import BatchLayout, BatchPlan, ModelFacts, SourceFacts  # the plan's facts, re-exported here
+from .layouts import layout_sides
+from .losses import own_loss_reason
 
 __all__ = [
     "IGNORE_INDEX",
     "PAD_TOKEN",
     "SEQUENCE_PADDING",
     "ENV",
+    "BatchLayout",
     "BatchPlan",
     "DECODER_KEYS",
     "ENCODER_KEYS",
@@ -73,6 +72,7 @@ SEQUENCE_PADDING: dict[str, int | str] = {
     "attention_mask": 0,
     "labels": IGNORE_INDEX,
     "token_type_ids": 0,
+    "mm_token_type_ids": 0,  # vision-language models (Qwen-VL): 0 is text; get_rope_index reads the masked tokens only
     "position_ids": 0,
     "special_tokens_mask": 1,
     "decoder_input_ids": PAD_TOKEN,
@@ -81,16 +81,6 @@ SEQUENCE_PADDING: dict[str, int | str] = {
     "assistant_masks": 0,  # TRL (assistant_only_loss): 1 on the assistant's tokens
     "seq_idx": LAST_VALUE,  # packed rows (DataCollatorWithFlattening(return_seq_idx=True), TRL's padding-free)
 }
-
-_MINIMUM = 16
-_MULTIPLE = 16  # bf16 sublane tile: the hardware pads that far anyway
-_TOP = 1 << 20
-
-
-def sequence_ladder(steps_per_octave: int = 2, minimum: int = _MINIMUM, multiple: int = _MULTIPLE) -> tuple[int, ...]:
-    """Sequence-length rungs: ``(16, 32, 48, 64, 96, 128, 192, 256, ...)`` with 2 steps per octave."""
-    return geometric_ladder(minimum, _TOP, steps_per_octave, multiple)
-
 
 def choose_length(length: int, ladder: Sequence[int], used: Collection[int], reuse: float = 1.5) -> int:
     """The padded length of a batch whose longest sequence has ``length`` tokens.
@@ -152,15 +142,17 @@ def plan_batch(
     why = _refused_source(model, source, present, dtypes) or _refused_labels(shapes, model, dtypes, integer_labels)
     if why:
         return why
-    found = _sequence_keys(shapes, present, model)
+    found = _sides(shapes, present, model, source)
     if isinstance(found, str):
         return found
-    keys, decoder, rows = found
+    keys, sides, fills, rows = found
     found = _packing(present, keys, model, source)
     if isinstance(found, str):
         return found
     packed, add_mask = found
-    found = _padded_lengths(shapes, present, keys, decoder, rows, model, source, ladder, used, reuse, length)
+    if packed:  # positions restart with each packed sequence (the padding's are 0): the row may be longer than the table
+        sides = [(keys_of_side, None, exact) for keys_of_side, _, exact in sides]
+    found = _padded_lengths(shapes, present, sides, fills, rows, model, source, ladder, used, reuse, length)
     if isinstance(found, str):
         return found
     lengths, padded_sides = found
@@ -174,8 +166,8 @@ def plan_batch(
         add_mask=add_mask,
         pad_token_id=model.pad_token_id if model.pools_last_token else None,
         sides=tuple(padded_sides),
+        fills=fills if source.layout is not None else {},
     )
-
 
 
 # The steps of :func:`plan_batch`, in its order; each returns why the batch is left alone (a str) or its part of the plan.
@@ -184,7 +176,7 @@ def plan_batch(
 def _refused_source(model: ModelFacts, source: SourceFacts, present: set[str], dtypes: Mapping[str, str]) -> str | None:
     """Why a batch from this model and source is never padded (or ``None``)."""
     if source.custom_loss:
-        return "a loss of your own (compute_loss or compute_loss_func): whether it ignores padding is unknown"
+        return own_loss_reason(source.own_loss or "a loss of your own (compute_loss or compute_loss_func)")
     if not model.known:
         return "not a Transformers model of a known task: what its inputs and labels mean is unknown"
     if model.unknown_recurrent is not None:
@@ -192,6 +184,8 @@ def _refused_source(model: ModelFacts, source: SourceFacts, present: set[str], d
                 "whether padding reaches their state is unknown")
     if "input_ids" in present and not _integer(dtypes.get("input_ids")):
         return "input_ids that are not integer token ids"
+    if source.layout is not None and (model.encoder_decoder or not model.causal):
+        return "a trainer whose own batches were read for decoder-only models, on a model that is not one"
     if source.generates:
         return "prompts for generate() (predict_with_generate): generate() pads them to its own buckets"
     if not source.training:
@@ -218,6 +212,9 @@ def _refused_labels(shapes: Mapping[str, Sequence[int] | None], model: ModelFact
 
 def _sequence_keys(shapes: Mapping[str, Sequence[int] | None], present: set[str], model: ModelFacts) -> tuple[list[str], set[str], int] | str:
     """The per-token keys that are padded, the decoder's keys, and the batch's rows."""
+    unknown = sorted(present - set(SEQUENCE_PADDING) - model.media_keys) if model.media_keys else []
+    if unknown:
+        return f"inputs of a vision-language model whose padding is not known: {', '.join(unknown)}"
     labels = shapes.get("labels")
     per_token = labels is not None and len(labels) >= 2 and model.per_token_labels
     decoder = set(DECODER_KEYS) | ({"labels"} if model.encoder_decoder else set())
@@ -234,6 +231,28 @@ def _sequence_keys(shapes: Mapping[str, Sequence[int] | None], present: set[str]
     if model.pools_last_token and model.pad_token_id is None:
         return "a sequence classifier without a pad token pools the last position: set model.config.pad_token_id"
     return keys, decoder, rows
+
+
+def _sides(
+    shapes: Mapping[str, Sequence[int] | None], present: set[str], model: ModelFacts, source: SourceFacts
+) -> tuple[list[str], list[tuple[list[str], int | None, bool]], dict[str, int | str], int] | str:
+    """The padded keys, the sides they are padded on (keys, the positions that cap them, padded to exactly
+    the warm-up's length), each key's padding value, and the batch's rows."""
+    if source.layout is not None:
+        found = layout_sides(shapes, source.layout, SEQUENCE_PADDING)
+        if isinstance(found, str):
+            return found
+        groups, fills, rows = found
+        return [k for group in groups for k in group], [(group, model.max_positions, True) for group in groups], fills, rows
+    found = _sequence_keys(shapes, present, model)
+    if isinstance(found, str):
+        return found
+    keys, decoder, rows = found
+    sides = [
+        ([k for k in keys if k not in decoder], model.max_positions, True),
+        ([k for k in keys if k in decoder], model.max_decoder_positions if model.encoder_decoder else None, False),
+    ]
+    return keys, [side for side in sides if side[0]], {k: SEQUENCE_PADDING[k] for k in keys}, rows
 
 
 def _packing(present: set[str], keys: list[str], model: ModelFacts, source: SourceFacts) -> tuple[bool, bool] | str:
@@ -256,8 +275,8 @@ def _packing(present: set[str], keys: list[str], model: ModelFacts, source: Sour
 def _padded_lengths(
     shapes: Mapping[str, Sequence[int] | None],
     present: set[str],
-    keys: list[str],
-    decoder: set[str],
+    sides: list[tuple[list[str], int | None, bool]],
+    fills: Mapping[str, int | str],
     rows: int,
     model: ModelFacts,
     source: SourceFacts,
@@ -266,17 +285,13 @@ def _padded_lengths(
     reuse: float,
     length: int | None,
 ) -> tuple[dict[str, int], list[tuple[int, int]]] | str:
-    """The length each padded key gets, side by side (encoder or only side, then decoder)."""
-    sides = [[k for k in keys if k not in decoder], [k for k in keys if k in decoder]]
-    caps = (model.max_positions, model.max_decoder_positions if model.encoder_decoder else None)
+    """The length each padded key gets, side by side (encoder or only side, then decoder; or a layout's groups)."""
     lengths: dict[str, int] = {}
     padded_sides: list[tuple[int, int]] = []
-    for index, (side, cap) in enumerate(zip(sides, caps)):
-        if not side:
-            continue
+    for side, cap, exact in sides:
         longest = max(shapes[k][1] for k in side)
         seen = {shapes[k][1] for k in side}
-        for key in present - set(SEQUENCE_PADDING) - {"labels"}:
+        for key in () if source.layout is not None else present - set(SEQUENCE_PADDING) - {"labels"} - model.media_keys:
             shape = shapes[key]
             if len(shape) >= 2 and shape[0] == rows and shape[1] in seen:
                 return f"{key!r} has a sequence axis and no known padding value"
@@ -286,7 +301,7 @@ def _padded_lengths(
         limit = padding_limit(model.lengths, longest, neftune=source.neftune and source.training)
         if isinstance(limit, str):
             return limit
-        if index == 0 and length is not None:
+        if exact and length is not None:
             target = max(length, longest)
         else:
             target = choose_length(longest, ladder, used, reuse)
@@ -296,7 +311,7 @@ def _padded_lengths(
             target = min(target, limit)
         lengths.update({k: target for k in side})
         padded_sides.append((target, longest))
-    if not source.training and len(padded_sides) == 2:
+    if not source.training and len(padded_sides) == 2 and source.layout is None:
         (encoder, encoder_len), (decoder_pad, decoder_len) = padded_sides
         if encoder == decoder_pad and encoder_len != decoder_len:
             return "evaluation: encoder and decoder padded to one length, their outputs could not be told apart"
@@ -326,6 +341,7 @@ def _padded_rows(
         and not packed
         and not source.keeps_rows
         and not model.aux_loss
+        and not (model.media_keys & set(shapes))
         and batch_size is not None
         and batch_size > rows
         and ignorable
@@ -350,78 +366,3 @@ def cut_length(shape: Sequence[int], sides: Sequence[tuple[int, int]]) -> int | 
         if shape[1] == padded and original < padded:
             return original
     return None
-
-
-#: The environment variables of :func:`settings` (declared in ``training.settings``).
-ENV = {s.field: s.name for s in _SETTINGS}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Bucketing of training batches: on or off, the length ladder, the reuse factor."""
-
-    enabled: bool = True
-    ladder: tuple[int, ...] = sequence_ladder()
-    reuse: float = 1.5
-
-
-def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings from the environment (read at each call; ``ValueError`` names a bad variable).
-
-    - ``TRANSFORMERS_TPU_EXT_TRAIN_BUCKETS``: ``1`` (default) buckets with the geometric ladder, ``0``
-      turns bucketing off, a comma list (``128,256,512``) gives the ladder (past its last rung:
-      multiples of it).
-    - ``TRANSFORMERS_TPU_EXT_TRAIN_STEPS_PER_OCTAVE``: rungs per doubling of the default ladder (2).
-    - ``TRANSFORMERS_TPU_EXT_TRAIN_REUSE``: how much longer a rung already used may be and still be
-      reused for a shorter batch (1.5; 1 turns reuse off).
-    """
-    env = os.environ if environ is None else environ
-    values, problems = _read(env)
-    if problems:
-        raise ValueError("; ".join(problems))
-    buckets, steps, reuse = values
-    if buckets is False:
-        return Settings(enabled=False, ladder=(), reuse=reuse)
-    if buckets is True:
-        return Settings(enabled=True, ladder=sequence_ladder(steps), reuse=reuse)
-    return Settings(enabled=True, ladder=buckets, reuse=reuse)
-
-
-def settings_problems(environ: Mapping[str, str]) -> list[str]:
-    """Every invalid training variable in ``environ``, one message each (all at once)."""
-    return _read(environ)[1]
-
-
-def _read(env: Mapping[str, str]) -> tuple[tuple[Any, int, float], list[str]]:
-    problems: list[str] = []
-    raw = env.get(ENV["buckets"], "").strip()
-    steps_raw = env.get(ENV["steps_per_octave"], "").strip()
-    reuse_raw = env.get(ENV["reuse"], "").strip()
-    steps, reuse, buckets = 2, 1.5, True
-    try:
-        steps = int(steps_raw) if steps_raw else 2
-        if steps < 1:
-            raise ValueError
-    except ValueError:
-        problems.append(f"{ENV['steps_per_octave']}={steps_raw!r}: expected a positive integer")
-    try:
-        reuse = float(reuse_raw) if reuse_raw else 1.5
-        if reuse < 1:
-            raise ValueError
-    except ValueError:
-        problems.append(f"{ENV['reuse']}={reuse_raw!r}: expected a number >= 1 (1 turns reuse off)")
-    if not raw or raw.lower() in ON_WORDS:
-        buckets = True
-    elif raw.lower() in OFF_WORDS:
-        buckets = False
-    else:
-        try:
-            buckets = tuple(sorted({int(part) for part in raw.split(",") if part.strip()}))
-            if not buckets or buckets[0] < 1:
-                raise ValueError
-        except ValueError:
-            meant = near_word(raw)
-            hint = f" (did you mean {meant}?)" if meant else ""
-            problems.append(f"{ENV['buckets']}={raw!r}{hint}: expected 1, 0 or a comma list of sequence lengths "
-                            "(e.g. 128,256,512)")
-    return (buckets, steps, reuse), problems

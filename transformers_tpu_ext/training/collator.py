@@ -108,20 +108,23 @@ class BucketCollator:
 
     def pad_to(self, batch: Mapping[str, Any], length: int, rows: int | None = None) -> Any:
         """``batch`` padded as training pads it, with its encoder (or only) side cut or padded to exactly
-        ``length`` and ``rows`` rows (what :func:`warmup` runs); ``None`` if such batches are left alone."""
-        import torch
-
-        values = dict(batch)
-        for key in batch_buckets.ENCODER_KEYS + (() if self.model.encoder_decoder else ("labels",)):
-            tensor = values.get(key)
-            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[1] > length:
-                values[key] = tensor[:, :length]
+        ``length`` and ``rows`` rows (what :func:`warmup` runs); ``None`` if such batches are left alone.
+        Every key the plan pads is cut (a packed row's sequence boundaries end at ``length``)."""
+        plan = self._plan(batch, used=self.used, batch_size=rows or self.batch_size)
+        if isinstance(plan, str):
+            return None
+        values = _cut(dict(batch), plan, length, self.model.encoder_decoder)
         plan = self._plan(values, used=self.used, length=length, batch_size=rows or self.batch_size)
         return None if isinstance(plan, str) else _apply(values, plan, self.pad_token_id, self.model.per_token_labels)
 
     def pad(self, batch: Any) -> Any:
         """``batch`` padded to its bucket (a :class:`PaddedBatch`), or ``batch`` itself."""
-        if not self.settings.enabled or not isinstance(batch, Mapping):
+        if not self.settings.enabled:
+            return batch
+        if not isinstance(batch, Mapping):  # a trainer that makes its tensors itself (TRL's RLOO, GRPO)
+            if self.source.custom_loss:
+                what = self.source.own_loss or "a loss of your own (compute_loss or compute_loss_func)"
+                _tell(f"batches left as the trainer makes them: {batch_buckets.own_loss_reason(what)}")
             return batch
         plan = self._plan(batch, used=self.used)
         if isinstance(plan, str):
@@ -129,6 +132,26 @@ class BucketCollator:
             return batch
         self.used.update(plan.buckets)
         return _apply(batch, plan, self.pad_token_id, self.model.per_token_labels)
+
+
+def _cut(values: dict[str, Any], plan: batch_buckets.BatchPlan, length: int, encoder_decoder: bool) -> dict[str, Any]:
+    """The keys ``plan`` pads on the encoder (or only) side, and on every side of a library trainer's batch
+    (``plan.fills``), cut to ``length``; a packed row's boundaries (``cu_seq_lens_*``) end at ``length``."""
+    import torch
+
+    decoder = set(batch_buckets.DECODER_KEYS) | ({"labels"} if encoder_decoder else set())
+    for key in plan.lengths:
+        tensor = values.get(key)
+        if (key in plan.fills or key not in decoder) and isinstance(tensor, torch.Tensor) and tensor.shape[1] > length:
+            values[key] = tensor[:, :length]
+    for side in ("q", "k"):
+        bounds = values.get(f"cu_seq_lens_{side}")
+        if isinstance(bounds, torch.Tensor) and bounds.dim() == 1 and bounds.numel() >= 2 and int(bounds[-1]) > length:
+            kept = bounds[bounds < length]
+            values[f"cu_seq_lens_{side}"] = torch.cat([kept, kept.new_tensor([length])])
+            if isinstance(values.get(f"max_length_{side}"), int):
+                values[f"max_length_{side}"] = int(values[f"cu_seq_lens_{side}"].diff().max())
+    return values
 
 
 def _dtype(tensor: Any) -> str:
@@ -216,7 +239,7 @@ def _apply(batch: Mapping[str, Any], plan: batch_buckets.BatchPlan, pad_token_id
             continue
         extra = length - tensor.shape[1]
         if extra > 0:
-            fill = batch_buckets.SEQUENCE_PADDING[key]
+            fill = plan.fills.get(key, batch_buckets.SEQUENCE_PADDING.get(key))
             if fill == batch_buckets.LAST_VALUE:
                 values[key] = torch.cat([tensor, tensor[:, -1:].expand(-1, extra, *tensor.shape[2:])], dim=1)
                 continue

@@ -17,7 +17,7 @@ from typing import Any
 from ..core.length_readers import model_lengths
 from . import buckets as batch_buckets
 
-__all__ = ["POOLS_FIRST_TOKEN", "model_facts", "packs", "source_facts", "unwrap"]
+__all__ = ["POOLS_FIRST_TOKEN", "declared", "model_facts", "packs", "source_facts", "unwrap"]
 
 #: Encoder families whose sequence classifier pools the first token (or a mean under the mask):
 #: padding on the right with a mask cannot reach what they pool. Other bidirectional classifiers
@@ -99,14 +99,16 @@ def model_facts(model: Any) -> batch_buckets.ModelFacts:
     config = base.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     name = type(base).__name__
-    per_token = name in (
+    media = _media_keys(base, name, auto)
+    per_token = bool(media) or name in (
         _names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
         | _names(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
         | _names(auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
         | _names(auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES)
     )
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    causal = not encoder_decoder and _causal(base)
+    # A vision-language model's text decoder (its vision tower attends both ways, inside each image).
+    causal = not encoder_decoder and _causal(base.get_decoder() if media else base)
     classifier = name in _names(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
     pools_last = classifier and causal
     known = per_token or pools_last or (classifier and getattr(config, "model_type", None) in POOLS_FIRST_TOKEN)
@@ -126,7 +128,18 @@ def model_facts(model: Any) -> batch_buckets.ModelFacts:
         extra_outputs=any(bool(getattr(text, k, False)) for k in ("output_hidden_states", "output_attentions", "output_router_logits")),
         aux_loss=bool(getattr(text, "output_router_logits", False)),
         lengths=model_lengths(base),
+        media_keys=media,
     )
+
+
+def _media_keys(model: Any, name: str, auto: Any) -> frozenset[str]:
+    """The per-image inputs of a vision-language model whose family's inputs were read (``ModelFacts.media_keys``)."""
+    from ..generation.multimodal import FAMILIES
+
+    family = FAMILIES.get(getattr(model.config, "model_type", None) or "")
+    if family is None or name not in _names(auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES):
+        return frozenset()
+    return family.per_image
 
 
 def _defined_by(instance: Any, method: str) -> str:
@@ -154,21 +167,21 @@ def known_loss(trainer: Any) -> Any:
     from . import losses
 
     defined_by = _defined_by(trainer, "compute_loss")
-    if defined_by not in losses.KNOWN_LOSSES:
-        return losses.library_loss(defined_by, version=None)
-    changed = _loss_helpers_of_your_own(trainer)
-    if changed:
-        return f"{type(trainer).__name__} overrides {changed}: a loss of your own"
+    loss_class, helper = _loss_class(trainer)
+    if loss_class not in losses.KNOWN_LOSSES:
+        if helper is not None and defined_by in losses.KNOWN_LOSSES:
+            return f"{type(trainer).__name__} overrides {helper}: a loss of your own"
+        return losses.library_loss(loss_class, version=None)
     try:
         from importlib.metadata import version
 
-        found = version(defined_by.split(".", 1)[0])
+        found = version(loss_class.split(".", 1)[0])
     except Exception:  # noqa: BLE001 - not installed as a distribution: unknown
         found = None
     args = trainer.args
     options = {name: getattr(args, name, None) for name in ("loss_type", "use_liger_kernel", "use_weighting")}
     return losses.library_loss(
-        defined_by, version=found, compute_loss_func=getattr(trainer, "compute_loss_func", None) is not None, options=options
+        loss_class, version=found, compute_loss_func=callable(getattr(trainer, "compute_loss_func", None)), options=options
     )
 
 
@@ -177,43 +190,81 @@ def known_loss(trainer: Any) -> Any:
 _LOSS_WORDS = ("loss", "forward", "logits", "training_step")
 
 
-def _loss_helpers_of_your_own(trainer: Any) -> str | None:
-    """The first loss helper a class of the user's (below the library's in the MRO) defines, or ``None``."""
+def _loss_class(trainer: Any) -> tuple[str, str | None]:
+    """The class whose loss ``trainer`` computes, ``module.qualname``: the most derived class in its MRO that
+    defines ``compute_loss`` or a loss helper, with that method (``Class.method``); the class defining
+    ``compute_loss`` and ``None`` if no class does."""
     for cls in type(trainer).__mro__:
-        if cls.__module__.split(".", 1)[0] == "trl":
-            return None
         for name, value in vars(cls).items():
             if callable(value) and any(word in name for word in _LOSS_WORDS):
-                return f"{cls.__name__}.{name}"
-    return None
+                return f"{cls.__module__}.{cls.__qualname__}", f"{cls.__name__}.{name}"
+    return _defined_by(trainer, "compute_loss"), None
 
 
-def _known_trainers() -> Any:
+def _loss_helpers_of_your_own(trainer: Any) -> str | None:
+    """The loss helper (``Class.method``) a class that is not a known library loss defines, or ``None``."""
     from . import losses
 
-    return losses.KNOWN_LOSSES
+    loss_class, helper = _loss_class(trainer)
+    return None if loss_class in losses.KNOWN_LOSSES else helper
+
+
+def declared(trainer: Any) -> Any:
+    """The :class:`~transformers_tpu_ext.training.losses.PaddingDeclaration` of ``trainer``'s loss (its
+    ``compute_loss_func``, its ``compute_loss`` or its class decorated with ``ignores_padding``), or ``None``."""
+    from .losses import DECLARED
+
+    func = getattr(trainer, "compute_loss_func", None)
+    method = getattr(type(trainer), "compute_loss", None)
+    for owner in (func if callable(func) else None, method, type(trainer)):
+        found = getattr(owner, DECLARED, None) if owner is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 def source_facts(trainer: Any, collate: Any, training: bool) -> batch_buckets.SourceFacts:
     """The :class:`~transformers_tpu_ext.training.buckets.SourceFacts` of a Trainer data loader."""
+    from . import losses
+
     args = trainer.args
-    upstream = _defined_by(trainer, "compute_loss") in _UPSTREAM_COMPUTE_LOSS
+    defined_by = _defined_by(trainer, "compute_loss")
+    upstream = defined_by in _UPSTREAM_COMPUTE_LOSS
+    func = callable(getattr(trainer, "compute_loss_func", None))
     library = None if upstream else known_loss(trainer)
     known = library is not None and not isinstance(library, str)
-    if isinstance(library, str) and _defined_by(trainer, "compute_loss") in _known_trainers():
-        from ..core.wrapping import warn_once
-
-        warn_once(f"batches left as the collator made them: {library}")
+    declaration = declared(trainer)
+    if declaration is not None:  # the user's word, checked on the first batch (patch_trainer_losses)
+        custom, own, keeps_rows = False, "", not declaration.rows
+        entry = library if known else losses.KNOWN_LOSSES.get(_loss_class(trainer)[0]) or losses.KNOWN_LOSSES.get(defined_by)
+        layout = getattr(entry, "layout", None)
+    elif upstream:
+        custom, own, keeps_rows, layout = func, "compute_loss_func, a loss of your own", False, None
+    else:
+        custom, keeps_rows, layout = not known, known, library.layout if known else None
+        own = "" if known else _own_loss(trainer, library)
     return batch_buckets.SourceFacts(
         training=training,
         packed=packs(collate),
         generates=not training and bool(getattr(args, "predict_with_generate", False)),
-        custom_loss=(not upstream and not known) or (upstream and getattr(trainer, "compute_loss_func", None) is not None),
+        custom_loss=custom,
+        own_loss=own,
         cuts_outputs=_defined_by(trainer, "prediction_step") in _UPSTREAM_PREDICTION_STEP,
         returns_inputs="inputs" in (getattr(args, "include_for_metrics", None) or ()),
-        keeps_rows=known,
+        keeps_rows=keeps_rows,
         neftune=getattr(args, "neftune_noise_alpha", None) is not None,
+        layout=layout,
     )
+
+
+def _own_loss(trainer: Any, reason: str) -> str:
+    """What the log calls a loss the plugin does not know: the library's reason, or the class and method."""
+    from . import losses
+
+    loss_class, helper = _loss_class(trainer)
+    if loss_class in losses.KNOWN_LOSSES or _defined_by(trainer, "compute_loss") in losses.KNOWN_LOSSES:
+        return f"{type(trainer).__name__}: {reason}"
+    return f"{helper or type(trainer).__name__ + '.compute_loss'} ({loss_class}), a loss of your own"
 
 
 def grpo_facts(trainer: Any) -> Any:

@@ -72,6 +72,9 @@ STATE_FILE = "tpu_state.pth"
 #: The sequence buckets already used (``tpu_buckets_<rank>.json`` with several processes).
 BUCKETS_FILE = "tpu_buckets.json"
 BUCKETS = "_tpu_ext_bucket_lengths"
+#: The training collator (a ``BucketCollator``) under the train loader: the first batch's check of a declared
+#: loss (``patch_trainer_losses``) pads with it.
+TRAIN_COLLATOR = "_tpu_ext_train_collator"
 
 
 def _torch() -> Any:
@@ -120,7 +123,7 @@ def _bucket(instance: Any, loader: Any, args: tuple, kwargs: dict) -> None:
     batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
     is_training = bool(args[4] if len(args) > 4 else kwargs.get("is_training", False))
     used = instance.__dict__.setdefault(BUCKETS, set())
-    loader.collate_fn = BucketCollator(
+    loader.collate_fn = collator = BucketCollator(
         collate,
         batch_size=batch_size,
         pad_token_id=_pad_token_id(instance),
@@ -130,6 +133,8 @@ def _bucket(instance: Any, loader: Any, args: tuple, kwargs: dict) -> None:
         model=model_facts(instance.model),
         source=source_facts(instance, collate, is_training),
     )
+    if is_training:
+        instance.__dict__[TRAIN_COLLATOR] = collator
 
 
 def _prediction_step(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -6,7 +6,9 @@ its Pallas kernels), and the TPU backend rejects every ``torch_compile_mode`` bu
 TPU host (and not ``use_cpu``), before upstream's ``__post_init__`` runs, a requested compilation
 gets the ``tpu`` backend; an explicit backend or mode the TPU cannot run is replaced with one
 warning (:func:`training_policy.adapt_compile`). The ``accelerate_dataclasses`` patch makes Accelerate
-accept ``"tpu"``. Off TPU nothing changes.
+accept ``"tpu"``. Every sequence bucket is a recompilation of the model's compiled frames: TorchDynamo's
+recompile limit (8) is raised to the plugin's floor (``compilation.recompile_limit``; ``warmup()`` raises
+it to what its buckets need), so that a ninth bucket does not run op by op. Off TPU nothing changes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable
 
 from .. import backend
 from . import policy as training_policy
+from ..compilation import recompile_limit
 from ..core.relies import Attribute, Default, Signature
 from ..core.wrapping import Wraps, fail_safe, warn_once
 
@@ -48,6 +51,7 @@ def _compile_for_tpu(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
         instance.torch_compile = True
         instance.torch_compile_backend = compile_backend
         instance.torch_compile_mode = mode
+        recompile_limit.require("train", 0)
     return wrapped(*args, **kwargs)
 
 
@@ -59,3 +63,4 @@ def apply(module: Any) -> None:
 
 def revert() -> None:
     _wraps.unwrap_all()
+    recompile_limit.release("train")

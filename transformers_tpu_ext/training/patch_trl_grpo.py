@@ -16,12 +16,17 @@ trainer, said once in the log when it is not):
 - ``GenerationMixin.generate`` (the call TRL makes for its completions) returns
   ``max_completion_length`` new columns, the pad token after the stop, padded on the host (a
   transfer, no program). Outside a GRPO batch both wrappers call the original at once.
+
+``training.warmup()`` runs one step per prompt rung under :func:`warming_prompts` (the prompts padded,
+or cut from the left, to that rung).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from ..core.relies import Attribute, Default, Signature
@@ -53,6 +58,8 @@ _wraps = Wraps()
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("transformers_tpu_ext_grpo", default=None)
 #: Inside TRL's ``_generate_single_turn`` (the one ``generate()`` whose output is padded).
 _GENERATING: contextvars.ContextVar[bool] = contextvars.ContextVar("transformers_tpu_ext_grpo_generating", default=False)
+#: The prompt length of a warm-up step (``warming_prompts``), or ``None``.
+_WARMING: contextvars.ContextVar[Any] = contextvars.ContextVar("transformers_tpu_ext_grpo_warming", default=None)
 _PLAN = "_tpu_ext_grpo_plan"
 _USED = "_tpu_ext_grpo_prompt_lengths"
 
@@ -76,6 +83,25 @@ def _plan(trainer: Any) -> Any:
                 plan = None
     trainer.__dict__[_PLAN] = plan
     return plan
+
+
+def plan(trainer: Any) -> Any:
+    """The trainer's :class:`~transformers_tpu_ext.training.grpo.GRPOPlan` on TPU, or ``None`` (left as TRL makes it)."""
+    return _plan(trainer)
+
+
+@contextlib.contextmanager
+def warming_prompts(length: int, truncated: bool = False) -> Iterator[None]:
+    """A warm-up step's prompts: cut to their last ``length - 1`` tokens and padded on the left to ``length``
+    (the shapes of a batch whose longest prompt needs that rung, with a padding column as such batches
+    have: ``generate()`` gives a batch without one the next rung; the tokens do not matter). ``truncated``:
+    no completion stops (every generated token is replaced by one that is not a stop), the batch whose
+    metrics take TRL's other branch (no terminated completion: ``completions/*_terminated_length`` of zeros)."""
+    token = _WARMING.set((length, truncated))
+    try:
+        yield
+    finally:
+        _WARMING.reset(token)
 
 
 def _generate_and_score_completions(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -121,7 +147,11 @@ def _pad(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) 
     longest = max((t.shape[0] for t in tensors), default=0)
     if call.get("padding_side", "right") == "left":
         used = trainer.__dict__.setdefault(_USED, set())
-        target = grpo.prompt_length(longest, plan, used)
+        warming = (_WARMING.get() or (None,))[0]
+        if warming is not None:  # one column short, as a batch of that rung has (generate() keeps its buckets)
+            tensors = call["tensors"] = [t[-max(warming - 1, 1):] for t in tensors]
+            longest = max((t.shape[0] for t in tensors), default=0)
+        target = warming or grpo.prompt_length(longest, plan, used)
         used.add(target)
     else:
         target = plan.completion_length
@@ -145,12 +175,16 @@ def _generate(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: d
     plan, trainer = active
     want = ids.shape[1] + plan.max_new_tokens
     missing = want - result.shape[1]
-    if missing <= 0:
+    if missing <= 0 and not (_WARMING.get() or (None, False))[1]:
         return result
     import torch.nn.functional as F
 
     pad_id = trainer._tokenizer.pad_token_id
-    return F.pad(result.cpu(), (0, missing), value=pad_id).to(result.device)  # on the host: a transfer, no program
+    host = F.pad(result.cpu(), (0, max(missing, 0)), value=pad_id)  # on the host: a transfer, no program
+    if (_WARMING.get() or (None, False))[1]:
+        stops = {*getattr(trainer, "eos_token_ids", ()), pad_id}
+        host[:, ids.shape[1]:] = next(t for t in range(len(stops) + 1) if t not in stops)
+    return host.to(result.device)
 
 
 def apply(module: Any) -> None:

@@ -17,15 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import dataclasses
-
 from . import buckets as batch_buckets
-from . import grpo, losses
+from . import losses
+from .paths_trl import GRPO_CASES, LOSS_CASES, grpo_table, losses_table  # noqa: F401 - re-exported
 from . import policy as training_policy
 from ..core.length_readers import ModelLengths, Rotary
 from .buckets import ModelFacts, SourceFacts
 
-__all__ = ["GRPO_CASES", "grpo_table", "BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
+__all__ = ["GRPO_CASES", "LOSS_CASES", "grpo_table", "losses_table", "BATCH_CASES", "OPTIMIZER_CASES", "BatchCase", "OptimizerCase", "batch_table", "optimizer_table", "render", "update"]
 
 _LADDER = batch_buckets.sequence_ladder()
 _BATCH = 4
@@ -59,6 +58,8 @@ class BatchCase:
     used: tuple[int, ...] = ()  # rungs earlier batches compiled
 
 
+_REWARD_MODEL = ModelFacts(per_token_labels=False, pools_last_token=True, pad_token_id=0)
+_LIBRARY = losses.KNOWN_LOSSES
 _DYNAMIC = ModelFacts(pad_token_id=0, max_positions=8192, lengths=ModelLengths((Rotary("dynamic", 8192),)))
 _LONGROPE = ModelFacts(
     pad_token_id=0, max_positions=131072, lengths=ModelLengths((Rotary("longrope", 4096),), resets_cache_at=4096)
@@ -80,6 +81,10 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         "GPT-2 with `n_positions=200`", "4 × 195 tokens", _lm(4, 195), model=_GPT2_200,
     ),
     BatchCase("GPT-2 with `n_positions=200`", "4 × 230 tokens", _lm(4, 230), model=_GPT2_200),
+    BatchCase(
+        "GPT-2 with `n_positions=200`, packed", "1 row of 700 tokens, `position_ids`",
+        {"input_ids": (1, 700), "labels": (1, 700), "position_ids": (1, 700)}, model=_GPT2_200, source=SourceFacts(packed=True),
+    ),
     BatchCase("BERT MLM, `default_data_collator` on 100-token blocks", "4 × 100, no mask", _lm(4, 100, mask=False), model=_BERT),
     BatchCase(
         "token classification (BERT)", "4 × 40, labels per token",
@@ -147,6 +152,30 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         {"input_ids": (6, 70), "attention_mask": (6, 70), "completion_mask": (6, 70)}, source=SourceFacts(keeps_rows=True),
     ),
     BatchCase(
+        "TRL `RewardTrainer`", "3 pairs: 6 × 70 tokens, `margin` `(3,)`",
+        {"input_ids": (6, 70), "attention_mask": (6, 70), "margin": (3,)}, model=_REWARD_MODEL, source=SourceFacts(keeps_rows=True),
+        dtypes={"margin": "float"},
+    ),
+    BatchCase(
+        "TRL `KTOTrainer`", "4 × 40 tokens, `completion_mask`; KL completions `KL_*` 4 × 70; `label` `(4,)`",
+        {"input_ids": (4, 40), "attention_mask": (4, 40), "completion_mask": (4, 40), "KL_input_ids": (4, 70),
+         "KL_attention_mask": (4, 70), "KL_completion_mask": (4, 70), "label": (4,)},
+        source=SourceFacts(keeps_rows=True, layout=_LIBRARY["trl.trainer.kto_trainer.KTOTrainer"].layout),
+    ),
+    BatchCase(
+        "TRL `ORPOTrainer`, `CPOTrainer` (`trl.experimental`)", "`chosen_*` 4 × 40, `rejected_*` 4 × 70, `prompt_*` 4 × 20",
+        {**{f"{side}_{key}": (4, length) for side, length in (("chosen", 40), ("rejected", 70))
+            for key in ("input_ids", "attention_mask", "labels")},
+         "prompt_input_ids": (4, 20), "prompt_attention_mask": (4, 20), "prompt": None},
+        source=SourceFacts(keeps_rows=True, layout=_LIBRARY["trl.experimental.orpo.orpo_trainer.ORPOTrainer"].layout),
+    ),
+    BatchCase(
+        "your `compute_loss` with `@ignores_padding`", "3 × 70 tokens", _lm(3, 70), source=SourceFacts(),
+    ),
+    BatchCase(
+        "your `compute_loss` with `@ignores_padding(rows=False)`", "3 × 70 tokens", _lm(3, 70), source=SourceFacts(keeps_rows=True),
+    ),
+    BatchCase(
         "a state-space or hybrid model (Mamba, Mamba2, Jamba, Falcon-H1, LFM2, Qwen3-Next)", "4 × 70 tokens", _lm(4, 70),
         model=ModelFacts(pad_token_id=0),
     ),
@@ -190,6 +219,8 @@ BATCH_CASES: tuple[BatchCase, ...] = (
 def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
     model, source = case.model, case.source
     reasons = []
+    if source.layout is not None:
+        return "; ".join([_why_layout(source.layout), *_rows_reason(case, plan)])
     if model.pools_last_token:
         reasons.append("`input_ids` padded with the config's pad token: the last non-pad token it pools is unchanged")
     elif source.packed or ("position_ids" in plan.lengths and "attention_mask" not in case.shapes):
@@ -224,15 +255,33 @@ def _why_padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
             reasons.append(f"LongRoPE: short factors up to {rotary.threshold} positions, padding kept within them")
         else:
             reasons.append(f"LongRoPE: past {rotary.threshold} the long factors whatever the padding")
-    if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
-        reasons.append("added rows have labels -100")
-    elif source.keeps_rows and source.training:
-        reasons.append("no rows added: the trainer reads every row (DPO pairs its halves, SFT counts the mask's tokens)")
-    elif model.aux_loss and source.training:
-        reasons.append("no rows added: its auxiliary loss counts every token the mask lets through")
+    reasons.extend(_rows_reason(case, plan))
     if not source.training:
         reasons.append("outputs cut back to the collator's lengths")
     return "; ".join(reasons)
+
+
+def _why_layout(layout: batch_buckets.BatchLayout) -> str:
+    names = [" and ".join(f"`{prefix}*`" for prefix in group) if any(group) else "the completions" for group in layout.groups]
+    if len(names) > 1:
+        text = f"{' and '.join(names)} each in a bucket of their own"
+    else:
+        text = f"{names[0]} in one bucket (the trainer concatenates them)"
+    text += ": masks 0, labels -100, `completion_mask` 0 on the padding, which its loss ignores"
+    if layout.unread:
+        text += f"; `{layout.unread[0].split('_')[0]}_*` (generation in evaluation, not read by the loss) as collated"
+    return text
+
+
+def _rows_reason(case: BatchCase, plan: batch_buckets.BatchPlan) -> list[str]:
+    source, model = case.source, case.model
+    if plan.rows > case.shapes[next(iter(plan.lengths))][0]:
+        return ["added rows have labels -100"]
+    if source.keeps_rows and source.training:
+        return ["no rows added: the loss reads every row (chosen and rejected halves, per-row labels, token counts)"]
+    if model.aux_loss and source.training:
+        return ["no rows added: its auxiliary loss counts every token the mask lets through"]
+    return []
 
 
 def _padded(case: BatchCase, plan: batch_buckets.BatchPlan) -> str:
@@ -301,57 +350,10 @@ def optimizer_table(cases: Sequence[OptimizerCase] = OPTIMIZER_CASES) -> str:
     return "\n".join(lines)
 
 
-_GRPO_BASE = grpo.GRPOFacts(
-    loss=losses.KNOWN_LOSSES["trl.trainer.grpo_trainer.GRPOTrainer"], max_completion_length=256,
-    lengths=ModelLengths((Rotary("default"),)),
-)
-
-#: TRL ``GRPOTrainer`` runs: what the user configured, and the facts :func:`grpo.grpo_path` reads.
-GRPO_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("any `loss_type`, `beta`, `importance_sampling_level`, `entropy_coef`, `mask_truncated_completions`, with or "
-     "without `peft_config`; a rotary model (Qwen, Llama, Gemma, Mistral, ...), `max_completion_length=256`", {}),
-    ("the same with `pad_to_multiple_of=64`, `max_completion_length=100`", {"pad_to_multiple_of": 64, "max_completion_length": 100}),
-    ('`cache_implementation="dynamic"`', {"cache_implementation": "dynamic"}),
-    ("`use_vllm=True`", {"generation": "vllm"}),
-    ("`use_transformers_continuous_batching=True`", {"generation": "continuous_batching"}),
-    ("a `rollout_func`", {"generation": "rollout_func"}),
-    ("`tools` or `environment_factory`", {"tools": True}),
-    ("a vision-language model", {"vision": True}),
-    ("an MoE model with `output_router_logits=True`", {"aux_loss": True}),
-    ("`top_entropy_quantile=0.2`", {"top_entropy_quantile": 0.2}),
-    ("GPT-2 or another model with a position table", {"lengths": ModelLengths()}),
-    ("dynamic NTK RoPE or LongRoPE (Phi-3.5)", {"lengths": ModelLengths((Rotary("longrope", 4096),))}),
-    ("Llama 4 (`attn_temperature_tuning`)", {"position_readers": ("Llama 4's attn_temperature_tuning (queries scaled by "
-                                                                  "the position in its layers without rotary embeddings)",)}),
-    ("TRL 1.17 or later", {"loss": losses.library_loss("trl.trainer.grpo_trainer.GRPOTrainer", version="1.17.0",
-                                                       options={"loss_type": "dapo"})}),
-    ('`generation_kwargs={"stop_strings": [...]}`', {"other_stops": ("stop_strings",)}),
-    ('`generation_kwargs={"eos_token_id": ...}` with ids the tokenizer and model do not end on', {"stop_tokens": False}),
-    ("`use_liger_kernel=True` (or a `compute_loss_func`)", {
-        "loss": losses.library_loss("trl.trainer.grpo_trainer.GRPOTrainer", version="1.16.0",
-                                    options={"loss_type": "dapo", "use_liger_kernel": True})}),
-)
-
-
-def grpo_table(cases: Sequence[tuple[str, dict[str, Any]]] = GRPO_CASES) -> str:
-    """The markdown table of which ``GRPOTrainer`` runs are padded on TPU."""
-    lines = ["| your `GRPOTrainer` run | on TPU | why |", "|---|---|---|"]
-    for what, changes in cases:
-        plan = grpo.grpo_path(dataclasses.replace(_GRPO_BASE, **changes), ladder=_LADDER)
-        if isinstance(plan, str):
-            lines.append(f"| {what} | left as TRL makes it | {plan} |")
-            continue
-        rungs = ", ".join(str(n) for n in sorted({grpo.prompt_length(n, plan, ()) for n in (1, 17, 33, 49, 65, 97)})) + ", ..."
-        cache = "`generate()` with the static cache" if plan.static_cache else "`generate()` with your cache"
-        lines.append(
-            f"| {what} | prompts padded on the left to {rungs}; completions and `generate()`'s output to "
-            f"{plan.completion_length}; {cache} | attention reads only relative positions (rotary, fixed frequencies); "
-            "every loss term and metric is masked by `completion_mask` |"
-        )
-    return "\n".join(lines)
-
-
-_TABLES = {"training-batches": batch_table, "training-optimizers": optimizer_table, "training-grpo": grpo_table}
+_TABLES = {
+    "training-batches": batch_table, "training-optimizers": optimizer_table, "training-grpo": grpo_table,
+    "training-losses": losses_table,
+}
 
 
 def render_blocks(text: str, tables: Mapping[str, Callable[[], str]]) -> str:

@@ -1,16 +1,24 @@
 """Training's warm-up: compile, when ``trainer.train()`` begins, the programs of every sequence bucket
 (:func:`warmup`, also ``transformers_tpu_ext.training.warmup`` and ``transformers_tpu_ext.warmup(trainer, ...)``),
-leaving the model, the optimizer, the schedule and the random streams as they were.
+leaving the model, the optimizer, the schedule, the random streams and the trainer's own bookkeeping as
+they were (:mod:`.warm_state`).
+
+One optimizer step per bucket, as the Trainer's loop makes it: a collated batch of the first examples
+padded to the bucket (packed rows, a library trainer's own keys included), or for TRL's ``GRPOTrainer`` a
+generation batch whose prompts take that rung (generation, scoring, forward, backward and loss). The
+first bucket's step also runs every number of micro-batches the run accumulates (gradient accumulation,
+the shorter last step of an epoch).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from .collator import BucketCollator
-from ..compilation import recompile
+from .warm_state import Snapshot
+from ..compilation import recompile, recompile_limit
 
 __all__ = ["warmup", "warmup_train"]
 
@@ -21,95 +29,6 @@ def _trainer_collator(train_dataloader: Any) -> tuple[BucketCollator | None, Any
     base = vars(train_dataloader).get("base_dataloader", train_dataloader)
     collate = getattr(base, "collate_fn", None)
     return (collate if isinstance(collate, BucketCollator) else None), getattr(base, "dataset", None)
-
-
-class _Snapshot:
-    """What one training step changes (parameters, buffers, optimizer, schedule, random streams),
-    copied to the host so that :meth:`restore` puts it back in place."""
-
-    def __init__(self, model: Any, optimizer: Any, scheduler: Any) -> None:
-        import copy
-        import random
-
-        import torch
-
-        from .. import backend
-
-        self.optimizer = getattr(optimizer, "optimizer", optimizer)
-        self.scheduler = scheduler
-        self.tensors = [(t, _host_copy(t)) for t in [*model.parameters(), *model.buffers()]]
-        self.state = {p: {k: (v, _host_copy(v)) for k, v in s.items()} for p, s in self.optimizer.state.items()}
-        self.groups = [
-            {k: ((v, _host_copy(v)) if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in g.items() if k != "params"}
-            for g in self.optimizer.param_groups
-        ]
-        self.schedule = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
-        self.rng = (random.getstate(), torch.random.get_rng_state(), backend.rng_state())
-
-    def restore(self) -> None:
-        import random
-
-        import torch
-
-        from .. import backend
-
-        with torch.no_grad():
-            for tensor, saved in self.tensors:
-                _local(tensor).copy_(saved)
-            for param in list(self.optimizer.state):
-                if param not in self.state:
-                    if _zero_is_fresh(self.optimizer, self.optimizer.state[param]):
-                        # A zeroed state is a fresh one, and keeping its tensors keeps a compiled
-                        # step's guards (an emptied state would be traced again).
-                        for value in self.optimizer.state[param].values():
-                            _local(value).zero_()
-                    else:
-                        del self.optimizer.state[param]
-            for param, entries in self.state.items():
-                state = self.optimizer.state[param]
-                for key in list(state):
-                    if key not in entries:
-                        del state[key]
-                for key, (original, saved) in entries.items():
-                    if isinstance(original, torch.Tensor):
-                        _local(original).copy_(saved)
-                    state[key] = original
-            for group, saved in zip(self.optimizer.param_groups, self.groups):
-                for key, value in saved.items():
-                    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor):
-                        _local(value[0]).copy_(value[1])
-                        group[key] = value[0]
-                    else:
-                        group[key] = value
-        if self.schedule is not None:
-            self.scheduler.load_state_dict(self.schedule)
-        python, cpu, tpu = self.rng
-        random.setstate(python)
-        torch.random.set_rng_state(cpu)
-        backend.set_rng_state(tpu)
-
-
-#: Optimizers whose state, all zeros (step count included), is exactly a fresh one.
-_ZERO_INITIALISED = ("Adam", "AdamW")
-
-
-def _zero_is_fresh(optimizer: Any, state: Mapping[str, Any]) -> bool:
-    import torch
-
-    return type(optimizer).__name__ in _ZERO_INITIALISED and all(isinstance(v, torch.Tensor) for v in state.values())
-
-
-def _local(tensor: Any) -> Any:
-    to_local = getattr(tensor, "to_local", None)  # a DTensor (FSDP2): its shard
-    return (to_local() if to_local is not None else tensor).detach()
-
-
-def _host_copy(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return _local(value).to("cpu", copy=True)
-    return value
 
 
 def _track_loss(loss: Any, args: Any) -> None:
@@ -142,7 +61,8 @@ class _Warmup:
         if self.lengths or state.global_step:  # once, and not when resuming mid-run
             return
         trainer = self.trainer
-        collator, dataset = _trainer_collator(kwargs["train_dataloader"])
+        loader = kwargs["train_dataloader"]
+        collator, dataset = _trainer_collator(loader)
         if collator is None or dataset is None:
             logger.info("transformers-tpu-ext: warmup skipped: the training batches are not bucketed")
             return
@@ -152,32 +72,26 @@ class _Warmup:
         lengths = self.requested or [r for r in ladder if r <= round_up(self.max_length, ladder)]
         rows = collator.batch_size or args.per_device_train_batch_size
         features = [dataset[i % len(dataset)] for i in range(rows)]
-        base = collator.collate_fn(features)
-        batches = {}
-        for length in lengths:
-            batch = collator.pad_to(base, length, rows)
-            if batch is None:
-                logger.info("transformers-tpu-ext: warmup skipped: the training batches are left unpadded")
-                return
-            batches.setdefault(batch.original["buckets"], batch)  # a length past a position table is capped
+        steps = _grpo_steps(trainer, features, lengths) or _batch_steps(collator, features, lengths, rows)
+        if isinstance(steps, str):
+            logger.info("transformers-tpu-ext: warmup skipped: %s", steps)
+            return
+        accumulations = _accumulations(trainer, args, loader)
+        if getattr(args, "torch_compile", False):
+            recompile_limit.require("train", len(steps))  # each bucket a recompilation of the compiled frames
         model = trainer.model_wrapped
-        snapshot = _Snapshot(model, trainer.optimizer, trainer.lr_scheduler)
+        snapshot = Snapshot(model, trainer.optimizer, trainer.lr_scheduler, trainer)
         from ..core.progress import Progress
 
-        bar = Progress(len(batches), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
+        bar = Progress(len(steps), desc="transformers-tpu-ext: warming up training buckets", unit="bucket")
         recompile.begin_warmup("train", trainer)  # the recompile guard ignores these steps, then watches training
         completed = False
         try:
-            for buckets, batch in batches.items():
-                batch = trainer._prepare_inputs(batch)
-                items = trainer._get_num_items_in_batch([batch], args.device)
-                loss = trainer.training_step(model, batch, items)
-                _track_loss(loss, args)
-                if args.max_grad_norm and args.max_grad_norm > 0:
-                    trainer._clip_grad_norm(model)
-                trainer.optimizer.step()
-                trainer.lr_scheduler.step()
-                model.zero_grad()
+            for index, (buckets, batch, context) in enumerate(steps):
+                # The first bucket also runs every number of micro-batches an optimizer step accumulates
+                # (gradients added to gradients, the loss divided by that number); the others one each.
+                for count in accumulations if index == 0 else accumulations[:1]:
+                    _optimizer_step(trainer, model, args, batch, context, count)
                 bar.step(f"compiled a training step of {rows} x {' + '.join(map(str, buckets))} tokens")
             completed = True
         finally:
@@ -185,9 +99,77 @@ class _Warmup:
             bar.close()
             model.zero_grad()
             snapshot.restore()
-        warmed = [bucket for buckets in batches for bucket in buckets]
+        warmed = [bucket for buckets, _, _ in steps for bucket in buckets]
         collator.used.update(warmed)
-        self.lengths = [buckets[0] for buckets in batches]
+        self.lengths = sorted({buckets[0] for buckets, _, _ in steps})
+
+
+def _batch_steps(collator: BucketCollator, features: list, lengths: list[int], rows: int) -> list | str:
+    """One collated batch per bucket: ``(buckets, batch, context)``."""
+    import contextlib
+
+    base = collator.collate_fn(features)
+    batches: dict[tuple[int, ...], Any] = {}
+    for length in lengths:
+        batch = collator.pad_to(base, length, rows)
+        if batch is None:
+            return "the training batches are left unpadded"
+        batches.setdefault(batch.original["buckets"], batch)  # a length past a position table is capped
+    return [(buckets, batch, contextlib.nullcontext) for buckets, batch in batches.items()]
+
+
+def _grpo_steps(trainer: Any, features: list, lengths: list[int]) -> list | None:
+    """A ``GRPOTrainer`` whose batches are planned (``trl_grpo``): one generation batch per prompt rung, its
+    prompts padded (or cut) to that rung; ``None`` for any other trainer."""
+    import functools
+    import sys
+
+    grpo_patch = sys.modules.get(__package__ + ".patch_trl_grpo")
+    plan = grpo_patch.plan(trainer) if grpo_patch is not None and "GRPOTrainer" in {c.__name__ for c in type(trainer).__mro__} else None
+    if plan is None:
+        return None
+    from .grpo import prompt_length
+
+    generations = int(getattr(trainer.args, "num_generations", 1) or 1)
+    batch = [features[(i // generations) % len(features)] for i in range(len(features))]  # each prompt repeated
+    # The longest first: generate() keeps the largest static cache it has used, so every rung after it
+    # decodes with the cache the run's generations will all use.
+    rungs = sorted({prompt_length(n, plan, ()) for n in lengths}, reverse=True)
+    steps = [((rung,), batch, functools.partial(grpo_patch.warming_prompts, rung)) for rung in rungs]
+    # and a batch whose completions all run to max_completion_length: TRL's metrics of no terminated completion
+    return [*steps, ((rungs[-1],), batch, functools.partial(grpo_patch.warming_prompts, rungs[-1], truncated=True))]
+
+
+def _accumulations(trainer: Any, args: Any, loader: Any) -> list[int]:
+    """The numbers of micro-batches an optimizer step of this run accumulates: gradient accumulation's,
+    and the last step of an epoch's when fewer batches are left."""
+    steps = max(int(getattr(args, "gradient_accumulation_steps", 1) or 1), 1)
+    try:
+        remainder = len(loader) % steps
+    except TypeError:  # an iterable dataset: no known length
+        remainder = 0
+    return [steps] + ([remainder] if remainder else [])
+
+
+def _optimizer_step(trainer: Any, model: Any, args: Any, batch: Any, context: Any, count: int) -> None:
+    """What the Trainer's loop does for one optimizer step of ``count`` micro-batches of ``batch``."""
+    grpo = isinstance(batch, list)  # a GRPOTrainer's generation batch: it makes its tensors itself
+    trainer.current_gradient_accumulation_steps = count
+    with context():
+        for _ in range(count):
+            if grpo:
+                trainer._step, trainer._buffered_inputs = 0, None  # generate in this step
+                inputs, items = batch, None
+            else:
+                inputs = trainer._prepare_inputs(batch)
+                items = trainer._get_num_items_in_batch([inputs] * count, args.device)
+            loss = trainer.training_step(model, inputs, items)
+            _track_loss(loss, args)
+    if args.max_grad_norm and args.max_grad_norm > 0:
+        trainer._clip_grad_norm(model)
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    model.zero_grad()
 
 
 def warmup(trainer: Any, max_length: int | None = None, lengths: Iterable[int] | None = None) -> Any:
