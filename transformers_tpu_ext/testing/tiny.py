@@ -162,9 +162,9 @@ MOE_ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen3_moe", "gpt_oss", "deepse
 
 # State-space and hybrid families (issue 39), one per family generate() handles: every recurrent mixer
 # Transformers 5.25 ships with a static state (docs/generation.md, "State-space and hybrid models").
-# The mixture-of-experts ones run their experts as batched matrix products (``batched_mm``): the default
-# ``grouped_mm`` counts tokens per expert with an integer ``torch.histc``, which the CPU under the
-# simulated TPU does not implement.
+# The mixture-of-experts ones run their experts as batched matrix products (``batched_mm``): what their tests
+# check is the recurrent state; the experts' default path (``grouped_mm``, the ``experts`` kernel) is tested on
+# the mixture-of-experts families (:data:`MOE_ARCHITECTURES`).
 _SSM = dict(hidden_size=32, num_hidden_layers=2)
 _HYBRID = dict(_SSM, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 _ARCHS.update({
