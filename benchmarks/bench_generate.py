@@ -4,6 +4,7 @@
     python benchmarks/bench_generate.py --quick    # smoke run
     python benchmarks/bench_generate.py --output benchmarks/results/run.json
     python benchmarks/bench_generate.py --family llava   # a vision-language or speech family (_families.py)
+    python benchmarks/bench_generate.py --family mamba   # a state-space or hybrid family (_recurrent_families.py)
 
 Each side runs in its own subprocess (patches are process-global). Two baselines, both plain
 Transformers (``TRANSFORMERS_TPU_EXT_DISABLE=1``):
@@ -375,23 +376,33 @@ def prior_art(quick: bool) -> dict:
     return report
 
 
-def _families_main(args: argparse.Namespace) -> int:
-    """``--family``: each family's sides (``_families.SIDES``), each in its own interpreter."""
+def _family_module(family: str):
+    """The module that runs ``family``'s 12 mixed calls (``FAMILIES``, ``SIDES``, ``worker``): a vision-language or
+    speech family (``_families.py``), or a state-space or hybrid one (``_recurrent_families.py``)."""
     import _families
+    import _recurrent_families
 
+    for module in (_families, _recurrent_families):
+        if family in module.FAMILIES:
+            return module
+    known = (*_families.FAMILIES, *_recurrent_families.FAMILIES)
+    raise SystemExit(f"unknown family {family!r}; choose from {', '.join(known)}")
+
+
+def _families_main(args: argparse.Namespace) -> int:
+    """``--family``: each family's sides (its module's ``SIDES``), each in its own interpreter."""
     calls = 6 if args.quick else 12
     if args.family_side:
-        emit(_families.worker(args.family, args.family_side, calls))
+        emit(_family_module(args.family).worker(args.family, args.family_side, calls))
         return 0
     started = time.perf_counter()
     report: dict = {"quick": args.quick, "calls": calls}
     for family in args.family.split(","):
-        if family not in _families.FAMILIES:
-            raise SystemExit(f"unknown family {family!r}; choose from {', '.join(_families.FAMILIES)}")
-        sides = [s for s in args.sides.split(",") if s in _families.SIDES] or list(_families.SIDES)
+        module = _family_module(family)
+        sides = [s for s in args.sides.split(",") if s in module.SIDES] or list(module.SIDES)
         report[family] = {}
         for side in sides:
-            env = _env(TRANSFORMERS_TPU_EXT_DISABLE="1") if side == "plain" else _env()
+            env = _env(TRANSFORMERS_TPU_EXT_DISABLE="1") if side in ("plain", "guide") else _env()
             try:
                 report[family][side] = _run_worker(["--family", family, "--family-side", side, *(["--quick"] if args.quick else [])], env)
             except RuntimeError as error:  # a side that fails (plain Transformers on the chip, say) is reported as such
@@ -408,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="also write the JSON to this file (e.g. benchmarks/results/run.json)")
     parser.add_argument("--sides", default="plain,guide,plugin,plugin_warmup", help="comma list of sides to run")
     parser.add_argument("--no-overhead", action="store_true", help="skip the import/CPU overhead measures")
-    parser.add_argument("--family", help="a vision-language or speech family's 12 mixed calls instead: "
-                        "llava, gemma3, qwen2_vl, qwen2_5_vl, qwen3_vl, whisper (comma list)")
+    parser.add_argument("--family", help="a family's 12 mixed calls instead (comma list): vision-language or speech "
+                        "(llava, gemma3, qwen2_vl, qwen2_5_vl, qwen3_vl, whisper), state-space or hybrid "
+                        "(mamba, mamba2, jamba, falcon_h1, lfm2, qwen3_next)")
     parser.add_argument("--family-side", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-overhead", action="store_true", help=argparse.SUPPRESS)

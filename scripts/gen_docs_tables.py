@@ -4,8 +4,9 @@
     python scripts/gen_docs_tables.py --check   # exit 1 if a table is out of date
 
 Today: docs/generation.md, "Which path a call takes" (``transformers_tpu_ext.generation.paths``),
-"Models whose rotary embedding reads the length" (``transformers_tpu_ext.core.length_readers.length_table``) and
-"Vision-language, speech and encoder-decoder models" (``transformers_tpu_ext.generation.families``),
+"Models whose rotary embedding reads the length" (``transformers_tpu_ext.core.length_readers.length_table``),
+"Vision-language, speech and encoder-decoder models" (``transformers_tpu_ext.generation.families``) and
+"State-space and hybrid models" (``transformers_tpu_ext.generation.recurrent.family_table``),
 docs/serving.md, "The attention kernel" (``transformers_tpu_ext.serving.kernel_path``) and "Sampling
 parameters per request" (``transformers_tpu_ext.serving.sampling``), and docs/configuration.md, "Every
 setting" (``transformers_tpu_ext.settings.settings_table``), and docs/doctor.md, "Hub kernels on TPU"
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from transformers_tpu_ext import settings
     from transformers_tpu_ext.core import length_readers
-    from transformers_tpu_ext.generation import families, paths
+    from transformers_tpu_ext.generation import families, paths, recurrent
     from transformers_tpu_ext.kernels import policy as kernels_policy
     from transformers_tpu_ext.serving import kernel_path, sampling
     from transformers_tpu_ext.serving import tensor_parallel
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         ("generation.md", paths.BEGIN, paths.END, paths.path_table),
         ("generation.md", length_readers.BEGIN, length_readers.END, length_readers.length_table),
         ("generation.md", families.BEGIN, families.END, families.family_table),
+        ("generation.md", recurrent.BEGIN, recurrent.END, recurrent.family_table),
         ("serving.md", kernel_path.BEGIN, kernel_path.END, kernel_path.path_table),
         ("serving.md", sampling.BEGIN, sampling.END, sampling.path_table),
         ("serving.md", tensor_parallel.BEGIN, tensor_parallel.END, tensor_parallel.path_table),

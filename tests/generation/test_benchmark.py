@@ -62,3 +62,21 @@ def test_quick_run_prints_the_json_report(tmp_path):
     # 4D one (4 x 16 x 64 bytes) (issue 18, item 7).
     prefill = plugin["prefill_bytes"]["batch4_prompt12"]
     assert prefill["new_programs"] == 0 and prefill["h2d_bytes"] < 4 * 16 * 64
+
+
+def test_the_recurrent_families_workload_is_fixed_and_spans_the_issue_ranges():
+    import torch
+
+    from transformers_tpu_ext.testing.tiny import RECURRENT_ARCHITECTURES
+
+    families = _bench.load(BENCH.with_name("_recurrent_families.py"))
+    _bench.load(BENCH.with_name("_families.py"))  # the other families' module, which --family also reads
+    calls = families.workload(320, 12)
+    again = families.workload(320, 12)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] for a, b in zip(calls, again))
+    assert {ids.shape[0] for ids, _, _ in calls} <= {1, 2, 3} and max(ids.shape[1] for ids, _, _ in calls) <= 100
+    assert any(not bool(mask.all()) for _, mask, _ in calls)  # ragged batches among them
+    assert all(1 <= new <= families.NEW for _, _, new in calls)
+    assert set(families.FAMILIES) == set(RECURRENT_ARCHITECTURES)
+    with pytest.raises(SystemExit, match="unknown family"):
+        _load()._family_module("zamba2")

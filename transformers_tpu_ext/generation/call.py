@@ -46,6 +46,8 @@ class CallState:
     #: The device of the call's inputs (where upstream's loop would keep its tensors and draw its samples).
     input_device: Any = None
     user_callbacks: frozenset = frozenset()
+    #: ``recurrent.recurrent_path`` of a model with recurrent layers (its 2D mask is sliced per forward).
+    recurrent: Any = None
     #: The vision-language plan of a padded call with media inputs (``multimodal.media_plan``), else ``None``,
     #: and its padded token ids (for the model's own placeholder check, ``wrap_media``).
     media: Any = None
@@ -97,20 +99,23 @@ def custom_masks(model: Any) -> bool:
 
 def model_kind(model: Any) -> policy.ModelKind:
     """The facts of ``model`` the policy reads (``policy.ModelKind``)."""
+    from .recurrent_cache import model_path
     from .static_cache import text_layer_types
 
     parameters = inspect.signature(model.forward).parameters
     encoder_decoder = bool(model.config.is_encoder_decoder)
     positions = "decoder_position_ids" if encoder_decoder else "position_ids"  # the decoder's, for an encoder-decoder
+    layer_types = text_layer_types(model)
     return policy.ModelKind(
         encoder_decoder=encoder_decoder,
         family=getattr(model.config, "model_type", None),
         supports_default_cache=model._supports_default_dynamic_cache(),
-        layer_types=text_layer_types(model),
+        layer_types=layer_types,
         accepts_attention_mask="attention_mask" in parameters,
         accepts_position_ids=positions in parameters,
         custom_mask_function=custom_masks(model),
         causal=getattr(model.config, "is_causal", True) is not False,
+        recurrent=model_path(model, layer_types),
     )
 
 

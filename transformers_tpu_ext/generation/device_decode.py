@@ -41,6 +41,8 @@ def call_mask(mask: Any, cache: Any, rows: int, device: Any) -> Any:
     import torch
 
     length = _cache_length(cache)
+    if length is None and mask is not None and mask.dim() == 2 and getattr(cache, "layers", None):
+        length = mask.shape[1]  # recurrent states alone (Mamba): no decode step reads the mask
     if length is None or (mask is not None and (mask.dim() != 2 or mask.shape[0] != rows or mask.shape[1] > length)):
         return None
     full = torch.ones((rows, length), dtype=torch.bool)

@@ -70,6 +70,11 @@ RELIES_ON = (
     Attribute("transformers.cache_utils:StaticSlidingWindowLayer"),
     Signature("transformers.cache_utils:StaticCache", ("config", "max_cache_len")),
     Signature("transformers.cache_utils:DynamicCache", ("config",)),
+    # State-space and hybrid models (recurrent): the fixed-shape recurrent states the static cache holds, and the
+    # recurrent layers' 2D mask, sliced to a forward's last tokens (why the device mask holds for decode steps only).
+    Attribute("transformers.cache_utils:LinearAttentionLayer"),
+    Attribute("transformers.cache_utils:LinearAttentionAndStaticFullAttentionLayer"),
+    Signature("transformers.masking_utils:create_recurrent_attention_mask", positional=("config", "inputs_embeds", "attention_mask")),
     # PreTrainedModel._default_compile_config (read by the device loop) is in transformers.modeling_utils, which
     # may still be importing when this target is: not checked here.
 )

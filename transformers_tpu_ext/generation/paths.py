@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import policy
+from . import policy, recurrent
 
 __all__ = ["EXAMPLES", "Example", "Path", "cells", "mode_of", "path_of", "path_table"]
 
@@ -97,8 +97,14 @@ EXAMPLES: tuple[Example, ...] = (
     Example("a non-text main input (`generate(features)`, floating point)", call={"inputs": "other", "ids_bucketable": False}),
     Example("an encoder-decoder model other than Whisper (T5, BART...; Whisper: the family table below)",
             model={"encoder_decoder": True, "family": "t5"}),
-    Example("a model with convolution, linear-attention, chunked or shared key/value layers (LFM2, Qwen3-Next, Llama 4, Gemma 3n...)",
-            model={"layer_types": ("conv", "full_attention")}),
+    Example("a model with chunked-attention or shared key/value layers (Llama 4, Gemma 3n...)",
+            model={"layer_types": ("chunked_attention", "full_attention")}),
+    Example("a state-space or hybrid model (Mamba, Mamba2, Jamba, Falcon-H1, LFM2, Qwen3-Next: see below)",
+            model={"layer_types": ("linear_attention",), "accepts_position_ids": False, "recurrent": recurrent.recurrent_path(
+                recurrent.RecurrentFacts("mamba", ("linear_attention",), ("MambaMixer",), bias=False, accepts_position_ids=False))}),
+    Example("a state-space or hybrid model of another family (Falcon-Mamba, Zamba, Bamba...)",
+            model={"layer_types": ("linear_attention",), "accepts_position_ids": False, "recurrent": recurrent.recurrent_path(
+                recurrent.RecurrentFacts("falcon_mamba", ("linear_attention",), ("FalconMambaMixer",)))}),
     Example("a model that makes its own cache (RWKV, XLNet, Reformer...)", model={"supports_default_cache": False}),
     Example("a model whose forward takes no `position_ids` (BART's decoder, MPT, BLOOM...)", model={"accepts_position_ids": False}),
     Example("a model that builds its own generation masks (multimodal: Gemma 3, PaliGemma...)", model={"custom_mask_function": True}),

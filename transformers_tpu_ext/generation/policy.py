@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .recurrent import DOCS as RECURRENT_DOCS, RecurrentPath
 from .device_policy import (  # the KV cache's format, the compile settings, the host's options: re-exported here
     HOST_OPTIONS,
     KVFacts,
@@ -107,6 +108,7 @@ class ModelKind:
     accepts_position_ids: bool = True  # else it derives positions itself (from the cache, the columns...)
     custom_mask_function: bool = False  # it overrides create_masks_for_generate (multimodal models)
     causal: bool = True  # config.is_causal
+    recurrent: RecurrentPath | None = None  # recurrent.recurrent_path: state-space and hybrid models, else None
     family: str | None = None  # config.model_type
 
 
@@ -150,6 +152,7 @@ class CallFacts:
     do_sample: bool = False
     device_decode_possible: bool = False  # see processors_needed(): nothing needs the host
     token_healing: bool = False  # upstream re-tokenizes the prompt inside generate()
+    recurrent: RecurrentPath | None = None  # ModelKind.recurrent
 
 
 #: The generation options :func:`call_facts` reads, with Transformers' defaults (``GenerationConfig()``).
@@ -179,6 +182,7 @@ def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape,
         and not (returns and (option["output_scores"] or option["output_logits"]))
         and not model.custom_mask_function
     )
+    recurrent = model.recurrent if model.recurrent is not None and model.recurrent.handled else None
     return CallFacts(
         mode=call.mode,
         encoder_decoder=model.encoder_decoder,
@@ -188,20 +192,21 @@ def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape,
         other_batched_inputs=call.other_batched_inputs,
         other_inputs_reason=call.other_inputs_reason,
         accepts_attention_mask=model.accepts_attention_mask,
-        accepts_position_ids=model.accepts_position_ids,
+        accepts_position_ids=model.accepts_position_ids or (recurrent is not None and not recurrent.positions),  # Mamba
         user_cache=call.cache_object,
         cache_implementation=option["cache_implementation"],  # type: ignore[arg-type]
         use_cache=option["use_cache"] is not False,
         disable_compile=bool(option["disable_compile"]),
         eager_stance=call.eager_stance,
         supports_default_cache=model.supports_default_cache,
-        layer_types_static=set(model.layer_types) <= STATIC_LAYER_TYPES,
+        layer_types_static=set(model.layer_types) <= STATIC_LAYER_TYPES or recurrent is not None,
         returns_cache=returns,
         outputs_attentions_or_states=returns and bool(option["output_attentions"] or option["output_hidden_states"]),
         guidance=option["guidance_scale"] not in (None, 1, 1.0),
         do_sample=bool(option["do_sample"]),
         device_decode_possible=device_possible,
         token_healing=bool(option["token_healing"]),
+        recurrent=model.recurrent,
     )
 
 
@@ -259,7 +264,11 @@ def cache_choice(facts: CallFacts, *, static_cache: bool) -> tuple[str | None, s
     if not facts.supports_default_cache:
         return None, "the model makes its own cache (no Cache object)"
     if not facts.layer_types_static:
+        if facts.recurrent is not None:  # recurrent.recurrent_path: a family it has no proof for
+            return None, facts.recurrent.reason
         return None, "the model has layers a static cache does not hold as full-length key/value layers"
+    if facts.recurrent is not None and facts.returns_cache:
+        return None, "return_dict_in_generate=True on a model with recurrent layers (the cache handed back would hold the padding)"
     if not facts.accepts_position_ids:
         # It derives positions itself (from the cache's length, the mask...): a static cache or left
         # padding can change them (BART's decoder: upstream's own static cache differs from its dynamic one).
@@ -312,7 +321,8 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
                         hint=PATHS_DOCS)
     kind, why = cache_choice(facts, static_cache=static_cache)
     if kind is None:
-        return CallPlan(True, why, hint=None if why.startswith(CALLER_CHOICES) else PATHS_DOCS)
+        docs = RECURRENT_DOCS if facts.recurrent is not None else PATHS_DOCS
+        return CallPlan(True, why, hint=None if why.startswith(CALLER_CHOICES) else docs)
     default_static = kind == "default"
     why_not = _why_not_bucketed(facts, bucketing)
     if why_not:

@@ -80,22 +80,24 @@ def text_layer_types(model: Any) -> tuple[str, ...]:
 
 def cache_kind(cache: Any) -> str:
     """``"static"`` for generate()'s static cache on the device (a ``StaticCache`` whose every layer is a
-    full-length ``StaticLayer`` of one length, or the plugin's int8 one, not offloaded), ``"none"``, else
-    the cache's class name."""
+    full-length ``StaticLayer`` of one length, or the plugin's int8 one, or Transformers' fixed-shape
+    recurrent state of a state-space or hybrid layer (``LinearAttentionLayer``, alone or beside a static
+    full-attention layer), not offloaded), ``"none"``, else the cache's class name."""
     if cache is None:
         return "none"
-    from transformers.cache_utils import StaticCache, StaticLayer
+    from transformers.cache_utils import LinearAttentionAndStaticFullAttentionLayer, LinearAttentionLayer, StaticCache, StaticLayer
 
     from ..quantization import kv_cache
 
-    static_layers = (StaticLayer, kv_cache.Int8StaticLayer)
+    static_layers = (StaticLayer, kv_cache.Int8StaticLayer, LinearAttentionAndStaticFullAttentionLayer)
     layers = getattr(cache, "layers", None) or []
+    attention = [layer for layer in layers if type(layer) in static_layers]  # the rest: recurrent states alone
     if (
         type(cache) is StaticCache
         and not getattr(cache, "offloading", False)
         and layers
-        and all(type(layer) in static_layers for layer in layers)
-        and len({layer.max_cache_len for layer in layers}) == 1
+        and all(type(layer) in static_layers or type(layer) is LinearAttentionLayer for layer in layers)
+        and len({layer.max_cache_len for layer in attention}) <= 1
     ):
         return "static"
     return type(cache).__name__

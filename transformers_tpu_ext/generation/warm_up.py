@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import buckets
+from . import buckets, recurrent_cache
 from . import config as settings_module
 from ..compilation import recompile
 from ..core.progress import Progress
@@ -61,7 +61,11 @@ def precompile(
     # As the service's calls decode: the arguments given, else the model's generation config.
     sampling = bool(generate_kwargs.get("do_sample", model.generation_config.do_sample))
     rows = buckets.warmup_rows(batch_sizes, largest.batch, settings.batch_buckets, sampling=sampling)
-    prompts = buckets.warmup_prompts(max_prompt_length, settings.prompt_ladder(), settings.prefill_chunk)
+    prompts = recurrent_cache.warmup_prompts(model, max_prompt_length, settings)  # a state-space model's own
+    if prompts is None:
+        prompts = buckets.warmup_prompts(max_prompt_length, settings.prompt_ladder(), settings.prefill_chunk)
+    else:  # prefilled in one piece: its longest rung may need a longer cache
+        cache = max(cache, buckets.cache_bucket(max(prompts) + max_new_tokens, settings.cache_ladder(), settings.max_cache_len))
     token = _token(model)
     if model.config.is_encoder_decoder:
         return _precompile_encoder_decoder(model, rows, max_new_tokens, cache, {"do_sample": sampling, **generate_kwargs})

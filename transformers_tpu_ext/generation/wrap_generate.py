@@ -20,7 +20,7 @@ from ..core import length_readers
 from ..backend import is_tpu
 from ..core.wrapping import warn_once
 from . import config as settings_module
-from . import multimodal, policy, sampling, static_cache, wrap_media
+from . import multimodal, policy, recurrent_cache, sampling, static_cache, wrap_media
 from .call import CURRENT, UPSTREAM, CallState, bind, cache_key, model_kind, report_failure, warn_unaccelerated
 from .views import Padding, StreamerView, ids_on
 
@@ -178,7 +178,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             call[name] = value.to(cpu)
 
-    state = CallState(settings=settings, plan=plan, input_device=out_device, media=media)
+    state = CallState(settings=settings, plan=plan, input_device=out_device, media=media, recurrent=facts.recurrent)
     _callbacks_on_caller_device(call, state, out_device)
     user_config = call.get("generation_config")
 
@@ -219,6 +219,10 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             if not lengths.pad:
                 shapes = type(shapes)(shapes.batch, length, length, shapes.cache)
             prefill_chunk = lengths.chunk if lengths.chunk is not None else shapes.prompt
+        if facts.recurrent is not None:  # a state-space or hybrid model: recurrent.recurrent_path decides
+            shapes, prefill_chunk = recurrent_cache.shapes(
+                facts.recurrent, settings, shapes, length, int(bool(mask.all())), generation_config.prefill_chunk_size
+            )
         pad = shapes.prompt - length
         padded_rows = shapes.batch if plan.pad_batch else real_rows
         if pad:
@@ -239,6 +243,7 @@ def _plan(model: Any, call: dict, generation_config: Any, settings: Any) -> tupl
             call["streamer"] = StreamerView(call["streamer"], state.padding)
         if (
             settings.compile_prefill
+            and prefill_chunk is not None
             and generation_config.prefill_chunk_size is None
             and not generation_config.disable_compile
         ):

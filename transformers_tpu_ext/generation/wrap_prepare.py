@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from . import static_cache
+from . import recurrent, static_cache
 from .call import CURRENT, bind, cache_key, in_handled_call, in_padded_call
 
 @in_padded_call
@@ -103,6 +103,9 @@ def get_static_cache_init_shape(wrapped: Any, instance: Any, args: tuple, kwargs
     # head, while the config says num_attention_heads). The attention modules know: when they say
     # otherwise, their count wins. (Initialising from the first chunk's states instead would give
     # the first chunk its own graph per rung: twice the prefill graphs.)
+    path = CURRENT.get().recurrent
+    if path is not None and not path.attention:
+        return None  # no attention layer to initialise (upstream reads head counts a Mamba config has not)
     shape = wrapped(*args, **kwargs)
     if shape is None or not CURRENT.get().forced_chunk or (getattr(instance, "_tp_size", None) or 1) > 1:
         return shape
@@ -155,7 +158,8 @@ def masks_for_generate(original: Any) -> Any:
         if state is not None and state.device_mask is not None:
             cache, mask = state.device_mask
             embeds = kwargs.get("inputs_embeds", args[1] if len(args) > 1 else None)
-            if kwargs.get(cache_key(), args[3] if len(args) > 3 else None) is cache and getattr(embeds, "shape", (0,))[0] == mask.shape[0]:
+            holds = recurrent.device_mask_holds(state.recurrent, getattr(embeds, "shape", (0, 0))[1])
+            if kwargs.get(cache_key(), args[3] if len(args) > 3 else None) is cache and getattr(embeds, "shape", (0,))[0] == mask.shape[0] and holds:
                 return mask
         return original(*args, **kwargs)
 

@@ -98,6 +98,9 @@ PAGED_FALLBACKS: Mapping[str, str] = {"sdpa": "sdpa", "eager": "eager", "paged|e
 #: Text-layer types the paged attention computes as upstream does (full attention; a sliding window
 #: applied by its mask over pages that keep the whole history).
 PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+#: Text-layer types holding a recurrent state (state-space, convolution, linear attention), which upstream's
+#: paged cache refuses on every device (``generation.recurrent.RECURRENT_LAYER_TYPES``).
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
 #: Models whose paged cache holds multi-head latent attention's compressed latents (a config with
 #: ``kv_lora_rank``: Transformers' ``MLACacheAllocator``) and that the TPU paged cache serves: their attention
 #: writes the two latents, reads them back and expands them to heads itself (``expand_kv``). Tested ones only.
@@ -141,6 +144,13 @@ def paged_path(facts: ServeFacts) -> tuple[bool, str]:
     if facts.attention not in PAGED_FALLBACKS:
         return False, f"attn_implementation={facts.attention!r} is not one the TPU paged attention stands in for"
     unknown = sorted(set(facts.layer_types) - PAGED_LAYER_TYPES)
+    recurrent = [layer for layer in unknown if layer in RECURRENT_LAYER_TYPES]
+    if recurrent:
+        return False, (
+            f"Transformers' continuous batching refuses {', '.join(recurrent)} layers on every device (its paged cache "
+            "holds no recurrent state); generate() runs this state-space or hybrid model on TPU instead "
+            "(docs/generation.md, 'State-space and hybrid models')"
+        )
     if unknown:
         return False, "layers the TPU paged attention does not compute: " + ", ".join(unknown)
     if facts.latent_cache and facts.latent_cache not in PAGED_LATENT_MODELS:

@@ -25,7 +25,10 @@ Architectures (:data:`ARCHITECTURES`), one per decoder family Transformers ships
 
 and ``glm4`` (2 KV heads for 8 query heads), a stand-in for GLM-4 in the tensor-parallel docs; the
 mixture-of-experts families (:data:`MOE_ARCHITECTURES`): ``mixtral``, ``qwen3_moe``, ``gpt_oss`` (attention
-sinks) and ``deepseek_v3`` (multi-head latent attention).
+sinks) and ``deepseek_v3`` (multi-head latent attention); the state-space and hybrid families
+(:data:`RECURRENT_ARCHITECTURES`): ``mamba``, ``mamba2``, ``jamba`` (Mamba + attention + mixture of experts),
+``falcon_h1`` (Mamba2 beside attention), ``lfm2`` (short convolutions + attention), ``qwen3_next`` (gated
+delta rule + attention + mixture of experts).
 :func:`save_hub_stand_in` puts one in a Hugging Face cache under a Hub name.
 """
 
@@ -39,6 +42,7 @@ __all__ = [
     "ARCHITECTURES",
     "DEFAULT_INITIALIZER_RANGE",
     "MOE_ARCHITECTURES",
+    "RECURRENT_ARCHITECTURES",
     "TINY_TEXT",
     "check_context_sensitive",
     "save_hub_stand_in",
@@ -154,6 +158,33 @@ _ARCHS["deepseek_v3"] = (  # multi-head latent attention, a dense first layer, g
 )
 #: The mixture-of-experts architectures :func:`tiny_config` builds (context-sensitive too).
 MOE_ARCHITECTURES: tuple[str, ...] = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
+
+
+# State-space and hybrid families (issue 39), one per family generate() handles: every recurrent mixer
+# Transformers 5.25 ships with a static state (docs/generation.md, "State-space and hybrid models").
+# The mixture-of-experts ones run their experts as batched matrix products (``batched_mm``): what their tests
+# check is the recurrent state; the experts' default path (``grouped_mm``, the ``experts`` kernel) is tested on
+# the mixture-of-experts families (:data:`MOE_ARCHITECTURES`).
+_SSM = dict(hidden_size=32, num_hidden_layers=2)
+_HYBRID = dict(_SSM, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+_ARCHS.update({
+    "mamba": ("mamba", dict(_SSM, state_size=8, expand=2, conv_kernel=4)),
+    "mamba2": ("mamba2", dict(_SSM, state_size=8, expand=2, num_heads=8, head_dim=8, n_groups=1, conv_kernel=4,
+                              chunk_size=16)),
+    "jamba": ("jamba", dict(_HYBRID, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                            num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                            use_mamba_kernels=False, experts_implementation="batched_mm")),
+    "falcon_h1": ("falcon_h1", dict(_HYBRID, head_dim=8, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=8,
+                                    mamba_d_conv=4, mamba_chunk_size=16)),
+    "lfm2": ("lfm2", dict(_HYBRID, full_attn_idxs=[1], block_auto_adjust_ff_dim=False)),
+    "qwen3_next": ("qwen3_next", dict(_HYBRID, head_dim=8, layer_types=["linear_attention", "full_attention"],
+                                      linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                                      linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                      experts_implementation="batched_mm")),
+})
+#: The state-space and hybrid architectures :func:`tiny_config` builds (``tests/generation/test_recurrent_generate.py``).
+RECURRENT_ARCHITECTURES: tuple[str, ...] = ("mamba", "mamba2", "jamba", "falcon_h1", "lfm2", "qwen3_next")
 
 
 def tiny_tokenizer(vocab_size: int = 320) -> Any:

@@ -48,6 +48,11 @@ class ModelFacts:
     max_positions: int | None = None
     max_decoder_positions: int | None = None
     accepts_attention_mask: bool = True
+    #: The ``model_type`` of recurrent layers (state-space, convolution, linear attention) of a family
+    #: ``generation.recurrent`` does not know: whether padding reaches their state is unknown. ``None``: no
+    #: recurrent layers, or a known family's (its mixers run forward in time: padding on the right, masked,
+    #: comes after every real token's state; tests/training/test_training_recurrent.py).
+    unknown_recurrent: str | None = None
     extra_outputs: bool = False
     aux_loss: bool = False
     #: What in it reads the length of the forward pass (rotary types whose frequencies depend on it).

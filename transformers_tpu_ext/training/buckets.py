@@ -179,6 +179,9 @@ def _refused_source(model: ModelFacts, source: SourceFacts, present: set[str], d
         return own_loss_reason(source.own_loss or "a loss of your own (compute_loss or compute_loss_func)")
     if not model.known:
         return "not a Transformers model of a known task: what its inputs and labels mean is unknown"
+    if model.unknown_recurrent is not None:
+        return (f"recurrent layers of a family the plugin has no proof for ({model.unknown_recurrent}): "
+                "whether padding reaches their state is unknown")
     if "input_ids" in present and not _integer(dtypes.get("input_ids")):
         return "input_ids that are not integer token ids"
     if source.layout is not None and (model.encoder_decoder or not model.causal):

@@ -58,6 +58,20 @@ def _causal(model: Any) -> bool:
     return bool(flags) and all(flags)
 
 
+def _unknown_recurrent(model: Any) -> str | None:
+    """``ModelFacts.unknown_recurrent``: the ``model_type`` of recurrent layers of a family not known, else ``None``."""
+    from ..generation.recurrent import FAMILIES, RECURRENT_LAYER_TYPES
+    from ..generation.static_cache import text_layer_types
+
+    if not hasattr(getattr(model, "config", None), "get_text_config") or not set(text_layer_types(model)) & RECURRENT_LAYER_TYPES:
+        return None
+    model_type = str(getattr(model.config.get_text_config(decoder=True), "model_type", ""))
+    family = FAMILIES.get(model_type)
+    if family is not None and any(type(m).__name__ == family.mixer for m in model.modules()):
+        return None
+    return model_type or type(model).__name__
+
+
 def _accepts(model: Any, name: str) -> bool:
     try:
         parameters = inspect.signature(model.forward).parameters
@@ -110,6 +124,7 @@ def model_facts(model: Any) -> batch_buckets.ModelFacts:
         max_positions=_first_int(text, ("max_source_positions", *positions) if encoder_decoder else positions),
         max_decoder_positions=_first_int(text, ("max_target_positions", *positions)) if encoder_decoder else None,
         accepts_attention_mask=_accepts(model, "attention_mask"),
+        unknown_recurrent=_unknown_recurrent(base),
         extra_outputs=any(bool(getattr(text, k, False)) for k in ("output_hidden_states", "output_attentions", "output_router_logits")),
         aux_loss=bool(getattr(text, "output_router_logits", False)),
         lengths=model_lengths(base),

@@ -176,6 +176,14 @@ BATCH_CASES: tuple[BatchCase, ...] = (
         "your `compute_loss` with `@ignores_padding(rows=False)`", "3 × 70 tokens", _lm(3, 70), source=SourceFacts(keeps_rows=True),
     ),
     BatchCase(
+        "a state-space or hybrid model (Mamba, Mamba2, Jamba, Falcon-H1, LFM2, Qwen3-Next)", "4 × 70 tokens", _lm(4, 70),
+        model=ModelFacts(pad_token_id=0),
+    ),
+    BatchCase(
+        "a state-space model of another family (Falcon-Mamba, Zamba, Bamba...)", "4 × 70 tokens", _lm(4, 70),
+        model=ModelFacts(pad_token_id=0, unknown_recurrent="falcon_mamba"),
+    ),
+    BatchCase(
         "a plain `nn.Module`", "feature vectors `(4, 10)` named `input_ids`",
         {"input_ids": (4, 10), "labels": (4,)}, model=ModelFacts(known=False),
     ),
