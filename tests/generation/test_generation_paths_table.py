@@ -221,9 +221,15 @@ def _runs(qwen3: Any) -> dict[str, Callable[[Any], tuple[Any, dict]]]:
                 qwen3, {"inputs": torch.randn(3, 10, qwen3.config.hidden_size), "max_new_tokens": NEW}),
             "an encoder-decoder model other than Whisper (T5, BART...; Whisper: the family table below)": other_model(
                 lambda: _tiny("T5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
-            "a model with convolution, linear-attention, chunked or shared key/value layers (LFM2, Qwen3-Next, Llama 4, Gemma 3n...)":
-                other_model(lambda: _tiny("Lfm2Config", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[1])),
+            "a model with chunked-attention or shared key/value layers (Llama 4, Gemma 3n...)": other_model(
+                lambda: _tiny("Llama4TextConfig", hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              num_local_experts=2, attention_chunk_size=16)),
+            "a state-space or hybrid model (Mamba, Mamba2, Jamba, Falcon-H1, LFM2, Qwen3-Next: see below)": other_model(
+                lambda: tiny.tiny_model("mamba", seed=0)),
+            "a state-space or hybrid model of another family (Falcon-Mamba, Zamba, Bamba...)": other_model(
+                lambda: _tiny("FalconMambaConfig", hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
+                              conv_kernel=4)),
             "a model that makes its own cache (RWKV, XLNet, Reformer...)": other_model(
                 lambda: _tiny("RwkvConfig", hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
                               intermediate_size=64, context_length=64)),

@@ -119,6 +119,13 @@ def test_inputs_embeds_still_get_the_static_cache():
     assert result.static_cache and not result.bucket
 
 
+def test_inputs_embeds_beside_other_per_row_inputs_are_upstreams():
+    # Transformers expands a vision-language model's encoded images beside the embeddings, on their device
+    # (5.25's _expand_multimodal_outputs, beam search): Qwen2-VL's test_generate_from_inputs_embeds on TPU.
+    result = plan(replace(inputs="inputs_embeds", ids_bucketable=False, other_batched_inputs=True))
+    assert result.upstream and "inputs_embeds" in result.reason
+
+
 def test_settings_and_options_that_turn_the_static_cache_off():
     for result in (plan(static_cache=False), plan(replace(disable_compile=True)), plan(replace(use_cache=False))):
         assert result.upstream and not result.static_cache

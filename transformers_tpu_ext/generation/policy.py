@@ -313,6 +313,11 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
         return _encoder_decoder_plan(facts, static_cache, bucketing)
     if facts.inputs == "other":
         return CallPlan(True, "non-text main input (pixel values, audio...) is left to upstream", hint=MODEL_DOCS)
+    if facts.inputs == "inputs_embeds" and facts.other_batched_inputs:
+        # Transformers expands them (and a vision-language model's encoded images) beside the embeddings, on
+        # the embeddings' device, which a handled call keeps on the CPU.
+        return CallPlan(True, "inputs_embeds with other per-row inputs (images, positions...) is left to upstream",
+                        hint=MODEL_DOCS)
     if facts.token_healing:
         return CallPlan(True, "token_healing re-tokenizes the prompt inside generate()", hint=PATHS_DOCS)
     if facts.guidance:

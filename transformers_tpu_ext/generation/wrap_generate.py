@@ -102,9 +102,12 @@ def _facts(model: Any, call: dict, generation_config: Any, settings: Any) -> tup
         call.get("assistant_model")
     ).value
     extras = [] if model.config.is_encoder_decoder else _other_batched_inputs(call, main_name)
-    # Other per-row inputs of a model that reads images or audio: its family's plan; of a text model, no plan
-    # (policy names the reason: other per-row inputs would need padding).
-    media = multimodal.media_plan(wrap_media.media_facts(model, call, extras, main)) if extras and wrap_media.reads_media(model) else None
+    # Other per-row inputs of a token-ids call to a model that reads images or audio: its family's plan; of a
+    # text model or beside inputs_embeds, no plan (policy names the reason).
+    media = (
+        multimodal.media_plan(wrap_media.media_facts(model, call, extras, main))
+        if extras and inputs == "input_ids" and wrap_media.reads_media(model) else None
+    )
     shape = policy.CallShape(
         mode=mode,
         inputs=inputs,
