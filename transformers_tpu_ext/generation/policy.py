@@ -18,9 +18,8 @@ Transformers' call, untouched:
    ``TRANSFORMERS_TPU_EXT_GENERATE_KV_CACHE=int8``), or the model's dtype as upstream's?
 
 The glue reads the facts off the model (:class:`ModelKind`), the generation options and the call's
-arguments (:class:`CallShape`); :func:`call_facts` turns them into :class:`CallFacts`, the same way
-for a real call and for the docs table (``generation.paths``). ``TRANSFORMERS_VERBOSITY=debug``
-logs every decision with its reason. See ``docs/generation.md`` ("Which path a call takes").
+arguments (:class:`CallShape`); :func:`call_facts` turns them into :class:`CallFacts`, the same way for a
+real call and for the docs table (``generation.paths``). ``TRANSFORMERS_VERBOSITY=debug`` logs every decision. See ``docs/generation.md`` ("Which path a call takes").
 """
 
 from __future__ import annotations
@@ -313,11 +312,8 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
         return _encoder_decoder_plan(facts, static_cache, bucketing)
     if facts.inputs == "other":
         return CallPlan(True, "non-text main input (pixel values, audio...) is left to upstream", hint=MODEL_DOCS)
-    if facts.inputs == "inputs_embeds" and facts.other_batched_inputs:
-        # Transformers expands them (and a vision-language model's encoded images) beside the embeddings, on
-        # the embeddings' device, which a handled call keeps on the CPU.
-        return CallPlan(True, "inputs_embeds with other per-row inputs (images, positions...) is left to upstream",
-                        hint=MODEL_DOCS)
+    if facts.inputs == "inputs_embeds" and facts.other_batched_inputs:  # expanded on the embeddings' device
+        return CallPlan(True, "inputs_embeds with other per-row inputs (images...) is left to upstream", hint=MODEL_DOCS)
     if facts.token_healing:
         return CallPlan(True, "token_healing re-tokenizes the prompt inside generate()", hint=PATHS_DOCS)
     if facts.guidance:
