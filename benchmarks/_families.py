@@ -69,8 +69,14 @@ def worker(family: str, side: str, calls: int) -> dict:
         delta = sim.counters() - before
         per_call.append({"programs": delta.programs, "graphs": delta.graphs_compiled, "eager": delta.eager_programs})
         matches.append(bool(torch.equal(out.cpu(), reference[len(matches)])))
+    report.update(call_summary(per_call, matches, start, side))
+    return report
+
+
+def call_summary(per_call: list[dict], matches: list[bool], start: float, side: str) -> dict:
+    """What a side's report says of its calls: programs per call and per half, graphs, eager programs, tokens."""
     half = len(per_call) // 2
-    report.update({
+    return {
         "programs_per_call": [c["programs"] for c in per_call],
         "programs_calls_1_6": sum(c["programs"] for c in per_call[:half]),
         "programs_calls_7_12": sum(c["programs"] for c in per_call[half:]),
@@ -80,5 +86,4 @@ def worker(family: str, side: str, calls: int) -> dict:
         "calls_matching_cpu": sum(matches),
         "wall_s": round(time.perf_counter() - start, 1),
         "cache_only": side == "plugin_warmup",
-    })
-    return report
+    }

@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 import time
 
+from _families import call_summary
+
 FAMILIES = ("mamba", "mamba2", "jamba", "falcon_h1", "lfm2", "qwen3_next")
 SIDES = ("plain", "guide", "plugin", "plugin_warmup")
 LONGEST, NEW = 100, 8
@@ -67,18 +69,7 @@ def worker(family: str, side: str, calls: int) -> dict:
         per_call.append({"programs": delta.programs, "graphs": delta.graphs_compiled, "eager": delta.eager_programs,
                          "tokens": int(out.shape[1] - ids.shape[1]) * ids.shape[0], "d2h": delta.d2h_bytes})
         matches.append(bool(torch.equal(out.cpu(), expected)))
-    half = len(per_call) // 2
     tokens = sum(c["tokens"] for c in per_call)
-    report.update({
-        "programs_per_call": [c["programs"] for c in per_call],
-        "programs_calls_1_6": sum(c["programs"] for c in per_call[:half]),
-        "programs_calls_7_12": sum(c["programs"] for c in per_call[half:]),
-        "graphs_total": sum(c["graphs"] for c in per_call),
-        "eager_programs_total": sum(c["eager"] for c in per_call),
-        "d2h_bytes_per_token": round(sum(c["d2h"] for c in per_call) / max(tokens, 1), 1),
-        "tokens_match_cpu": all(matches),
-        "calls_matching_cpu": sum(matches),
-        "wall_s": round(time.perf_counter() - start, 1),
-        "cache_only": side == "plugin_warmup",
-    })
+    report.update(call_summary(per_call, matches, start, side))
+    report["d2h_bytes_per_token"] = round(sum(c["d2h"] for c in per_call) / max(tokens, 1), 1)
     return report
