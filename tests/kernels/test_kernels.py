@@ -132,8 +132,17 @@ def test_use_kernels_false_is_untouched(tpu_model, no_jax):
 
 # ---- Transformers' default Hub kernels (5.25: use_kernels=None means True) ------------------------------------
 
+def _kernels_on_by_default() -> bool:
+    """Transformers turns Hub kernels on for a load that asks for nothing (5.25: ``_kernels_enabled``, on unless
+    ``USE_HUB_KERNELS`` says no) and a ``kernels`` release it accepts is installed (5.23 with kernels 0.19: no)."""
+    import transformers.integrations.hub_kernels as upstream
+    from transformers.utils import is_kernels_available
+
+    return hasattr(upstream, "_kernels_enabled") and is_kernels_available()
+
+
 needs_default_kernels = pytest.mark.skipif(
-    importlib.util.find_spec("kernels") is None, reason="Transformers turns Hub kernels on by default from 5.25 (with kernels)"
+    not _kernels_on_by_default(), reason="Transformers turns Hub kernels on by default from 5.25 (with kernels)"
 )
 
 
