@@ -93,3 +93,37 @@ def _experts(num_experts: int) -> torch.nn.Module:
     experts.num_experts, experts.has_gate, experts.has_bias, experts.is_transposed = num_experts, True, False, False
     experts.has_post_expert_norm, experts._is_expert_parallel = False, False
     return experts
+
+
+@pytest.mark.parametrize("layout", ["2d_3d", "3d_2d", "2d_2d", "3d_3d"])
+def test_grouped_mm_of_every_layout_is_the_cpus_where_the_cpu_takes_it(simulated_tpu, layout):
+    gen = torch.Generator().manual_seed(3)
+    offs = torch.tensor([4, 4, 12, 16], dtype=torch.int32)  # an empty group among them
+    shapes = {"2d_3d": ((16, 8), (4, 8, 12)), "3d_2d": ((4, 12, 8), (8, 16)), "2d_2d": ((12, 16), (16, 8)),
+              "3d_3d": ((4, 12, 8), (4, 8, 16))}[layout]
+    a, b = (torch.randn(*shape, generator=gen) for shape in shapes)
+    groups = None if layout == "3d_3d" else offs
+    expected = torch._grouped_mm(a, b, offs=groups)  # 16-byte strides, int32 offsets: the CPU kernel takes these
+    out = torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=None if groups is None else groups.to("tpu"))
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_grouped_mm_backward_over_sizes_the_cpu_kernel_refuses(simulated_tpu):
+    """37 columns: PyTorch's CPU kernel wants 16-byte strides, a chip does not. The backward's 2D x 2D product
+    (the experts' weight gradient) ran inside the autograd engine's device thread, where the CPU kernel's error
+    aborted the process (Transformers' mixtral/qwen3_moe/jamba test_enable_input_require_grads_with_gradient_checkpointing)."""
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(10, 37, generator=gen)
+    w = torch.randn(3, 37, 5, generator=gen)
+    offs = torch.tensor([3, 3, 10], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        torch._grouped_mm(a, w, offs=offs)
+    a_tpu, w_tpu = a.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    out = torch._grouped_mm(a_tpu, w_tpu, offs=offs.to("tpu"))
+    (out * out).sum().backward()
+    a_ref, w_ref = a.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = torch.cat([a_ref[0:3] @ w_ref[0], a_ref[3:3] @ w_ref[1], a_ref[3:10] @ w_ref[2]])
+    (ref * ref).sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach())
+    torch.testing.assert_close(a_tpu.grad.cpu(), a_ref.grad)
+    torch.testing.assert_close(w_tpu.grad.cpu(), w_ref.grad)

@@ -18,7 +18,8 @@ chip computes them; what a chip does is read from the torch-tpu 0.2.0 wheel and 
   ``_internal/compile/grouped_mm_meta.py``) mirrors the eager kernel's checks: both operands float32,
   float16 or bfloat16 and of one dtype, no bias (``NotImplementedError``), ``out_dtype`` the input's, a 1-D
   ``offs`` of int32 or int64 with stride 1, and none of the 16-byte stride alignment or int32-only
-  ``offs`` PyTorch's CPU kernel demands. The simulator applies those checks, then computes in float32.
+  ``offs`` PyTorch's CPU kernel demands. The simulator applies those checks, then computes in float32, group by
+  group (PyTorch's CPU kernel would refuse what a chip takes).
 
 A handler runs for tpu tensors only, eagerly and inside graphs the ``"tpu"`` backend compiled.
 """
@@ -51,9 +52,28 @@ def _histc_int(x: torch.Tensor, bins: int, low: float, high: float) -> torch.Ten
 
 
 def _grouped_mm_f32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
-    # The chip's kernel, computed by PyTorch's CPU one in float32 (its alignment and int32 rules satisfied).
-    offs = None if offs is None else offs.to(torch.int32).contiguous()
-    return torch._grouped_mm(a.to(torch.float32).contiguous(), b.to(torch.float32).contiguous(), offs=offs).to(a.dtype)
+    # The chip's kernel (XLA's ragged_dot), group by group in float32: PyTorch's CPU kernel also wants every
+    # stride a multiple of 16 bytes, which a chip does not (a backward's 2D x 2D product over 37 columns failed
+    # there, inside the autograd engine's device thread, and aborted the process). Rows or columns past the last
+    # offset belong to no group: zeros.
+    a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    if offs is None:  # 3D x 3D: one product per batch entry
+        return torch.bmm(a32, b32).to(a.dtype)
+    ends = [int(end) for end in offs.tolist()]
+    groups = list(zip([0, *ends[:-1]], ends))
+    if a.dim() == 2 and b.dim() == 3:  # a's rows grouped, one matrix of b per group
+        out = a32.new_zeros((a.shape[0], b.shape[-1]))
+        for group, (start, end) in enumerate(groups):
+            out[start:end] = a32[start:end] @ b32[group]
+    elif a.dim() == 3 and b.dim() == 2:  # b's columns grouped, one matrix of a per group
+        out = a32.new_zeros((a.shape[1], b.shape[1]))
+        for group, (start, end) in enumerate(groups):
+            out[:, start:end] = a32[group] @ b32[:, start:end]
+    else:  # 2D x 2D: the shared dimension grouped, one product per group
+        out = a32.new_zeros((len(groups), a.shape[0], b.shape[1]))
+        for group, (start, end) in enumerate(groups):
+            out[group] = a32[:, start:end] @ b32[start:end]
+    return out.to(a.dtype)
 
 
 def _histc_int_fake(x: torch.Tensor, bins: int, low: float, high: float) -> torch.Tensor:
