@@ -1,8 +1,9 @@
 """Worker of test_recurrent_generate.py: state-space and hybrid families on the simulated TPU (one JSON value).
 
-Per family (``ARCHS``): 12 mixed greedy calls (batches of 1-3, prompts of 1-100 tokens, ragged left-padded
-batches among them, inputs on the TPU) against plain CPU Transformers; then ``warmup()`` and 6 more calls in
-torch_tpu's cache-only mode; one seeded sampling call and one beam search; 4 prompts of 17-20 tokens with
+Per family (``ARCHS``): 12 mixed greedy calls (batches of 1-3, prompts of 1-100 tokens: chunked prefills
+among them, ragged left-padded batches too, inputs on the TPU) against plain CPU Transformers; then ``warmup()``
+for prompts of up to 40 tokens in batches of up to 2 (the issue's workload; every bucket of 100 tokens and 3 rows
+made this file a third of the suite's time) and 6 more such calls in torch_tpu's cache-only mode; one seeded sampling call and one beam search; 4 prompts of 17-20 tokens with
 the plugin's padding columns unmasked (``wrap_generate._BREAK_PADDING_MASK``). ``BIAS=1`` adds the family's
 bias variant (its input projection's bias drawn at random): the CPU's tokens on the predicate's path, its
 prompt unpadded (``test_recurrent_premises.py`` shows such a bias reaching the real tokens through left
@@ -26,13 +27,15 @@ logger.setLevel(logging.DEBUG)
 #: The padding id of the ragged batches and of the plugin's padding columns: one whose embedding is not zero
 #: (the tiny hybrids' embeddings zero id 0, their padding_idx, which would hide unmasked padding).
 PAD = 5
+#: The longest prompt of the calls after ``warmup()`` (the buckets it compiles for them).
+WARM_PROMPT = 40
 
 
-def workload(vocab, calls, seed, longest):
+def workload(vocab, calls, seed, longest, batches=(1, 1, 2, 3)):
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     out = []
     for index in range(calls):
-        batch, length, new = rng.choice((1, 1, 2, 3)), rng.randint(1, longest), rng.randint(1, 8)
+        batch, length, new = rng.choice(batches), rng.randint(1, longest), rng.randint(1, 8)
         ids = torch.randint(2, vocab, (batch, length), generator=gen)
         mask = torch.ones_like(ids)
         if index % 2 and batch > 1 and length > 2:  # a ragged batch, left-padded as a tokenizer pads it
@@ -64,7 +67,7 @@ for arch in os.environ["ARCHS"].split(","):
         model.generation_config.pad_token_id = PAD
         check_context_sensitive(model)
         vocab = model.config.vocab_size
-        calls, later = workload(vocab, 12, 1, 100), workload(vocab, 6, 2, 100)
+        calls, later = workload(vocab, 12, 1, 100), workload(vocab, 6, 2, WARM_PROMPT, (1, 2))
         refs, _ = run(model, calls, "cpu")
         if arch == "llama":  # the baseline: an attention model's programs on the same calls
             model.to("tpu")
@@ -92,7 +95,7 @@ for arch in os.environ["ARCHS"].split(","):
         beam = model.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), max_new_tokens=6, num_beams=2, do_sample=False)
         res["beam_match"] = bool(torch.equal(beam.cpu(), beam_ref))
         started = time.perf_counter()
-        transformers_tpu_ext.warmup(model, max_prompt_length=100, max_new_tokens=8, max_batch_size=3)
+        transformers_tpu_ext.warmup(model, max_prompt_length=WARM_PROMPT, max_new_tokens=8, max_batch_size=2)
         try:
             with programs.cache_only("calls after warmup()"):
                 outs, _ = run(model, later, "tpu")
