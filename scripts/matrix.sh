@@ -105,7 +105,7 @@ for index in "${!selected[@]}"; do
     started=$SECONDS
     installed=$("$venv/bin/python" -c 'from importlib.metadata import version as v; print(*(f"{d}=={v(d)}" for d in ("torch", "transformers", "accelerate", "wrapt")))')
     echo "matrix[$name]: $installed; running the compatibility subset" >&2
-    if (cd "$root" && TRANSFORMERS_TPU_EXT_MATRIX="$name" "$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider -m "not slow" "${COMPAT_TESTS[@]}" "$@"); then
+    if (cd "$root" && MATRIX_COMBINATION="$name" "$venv/bin/python" -m pytest -n auto --dist loadfile -q -p no:cacheprovider -m "not slow" "${COMPAT_TESTS[@]}" "$@"); then
         result=passed
     else
         result=FAILED

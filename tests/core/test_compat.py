@@ -119,7 +119,7 @@ def test_the_running_venv_holds_the_releases_ci_claims_to_test():
     from importlib import metadata
 
     installed = {library: Version(metadata.version(library)).base_version for library in LIBRARIES}
-    combination = os.environ.get("TRANSFORMERS_TPU_EXT_MATRIX")
+    combination = os.environ.get("MATRIX_COMBINATION")
     if combination:
         assert installed == _matrix()[combination], combination
         return
