@@ -8,6 +8,8 @@ exhaustive check that the device loop is never reachable without generate()'s st
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from transformers_tpu_ext.generation import policy
@@ -45,6 +47,42 @@ def test_calls_left_entirely_to_upstream(facts, reason):
     result = plan(facts)
     assert result.upstream and reason in result.reason
     assert not result.static_cache and not result.bucket
+
+
+WHISPER = replace(encoder_decoder=True, family="whisper", inputs="other")
+
+
+def test_whisper_gets_its_static_cache_bucketed():
+    result = plan(WHISPER)
+    assert not result.upstream and result.static_cache and result.bucket and not result.pad_prompt
+
+
+@pytest.mark.parametrize(
+    "facts, reason",
+    [
+        # Its segments' tokens start the next prompt beside tensors on the device, and the path hands them back on
+        # the host (Transformers' test_generate_longform_with_prompt_ids failed with the plugin only).
+        (dataclasses.replace(WHISPER, feeds_back=True), "condition_on_prev_tokens"),
+        # The caller continues from the cache it gets back (test_generate_continue_from_past_key_values).
+        (dataclasses.replace(WHISPER, returns_cache=True), "return_dict_in_generate"),
+        (dataclasses.replace(WHISPER, family="t5"), "t5: not read"),
+    ],
+)
+def test_encoder_decoder_calls_the_path_cannot_prove_are_upstreams(facts, reason):
+    result = plan(facts)
+    assert result.upstream and reason in result.reason and "encoder-decoder" in result.reason
+
+
+def test_a_static_cache_the_caller_asked_for_is_handed_back_as_asked():
+    result = plan(dataclasses.replace(WHISPER, returns_cache=True, cache_implementation="static"))
+    assert not result.upstream and not result.static_cache  # the caller's own static cache, bucketed
+
+
+def test_whispers_condition_on_prev_tokens_is_read_off_its_generation_config():
+    options = {"condition_on_prev_tokens": True}
+    facts = policy.call_facts(options, policy.ModelKind(encoder_decoder=True, family="whisper"), policy.CallShape(mode="greedy_search"), device_decode=True)
+    assert facts.feeds_back
+    assert "condition_on_prev_tokens" in policy.OPTION_DEFAULTS  # the glue reads every name listed there
 
 
 @pytest.mark.parametrize(

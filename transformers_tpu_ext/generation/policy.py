@@ -152,6 +152,7 @@ class CallFacts:
     device_decode_possible: bool = False  # see processors_needed(): nothing needs the host
     token_healing: bool = False  # upstream re-tokenizes the prompt inside generate()
     recurrent: RecurrentPath | None = None  # ModelKind.recurrent
+    feeds_back: bool = False  # Whisper's condition_on_prev_tokens: each segment's tokens start the next prompt
 
 
 #: The generation options :func:`call_facts` reads, with Transformers' defaults (``GenerationConfig()``).
@@ -166,6 +167,7 @@ OPTION_DEFAULTS: Mapping[str, object] = {
     "output_logits": False,
     "do_sample": False,
     "num_beams": 1,
+    "condition_on_prev_tokens": False,  # Whisper's, set on the config its own generate() passes
 }
 
 
@@ -206,6 +208,7 @@ def call_facts(options: Mapping[str, object], model: ModelKind, call: CallShape,
         device_decode_possible=device_possible,
         token_healing=bool(option["token_healing"]),
         recurrent=model.recurrent,
+        feeds_back=bool(option["condition_on_prev_tokens"]),
     )
 
 
@@ -336,19 +339,16 @@ def plan_call(facts: CallFacts, *, static_cache: bool, bucketing: bool) -> CallP
 
 
 def _encoder_decoder_plan(facts: CallFacts, static_cache: bool, bucketing: bool) -> CallPlan:
-    """An encoder-decoder call (``seq2seq.ENCODER_DECODER_FAMILIES``): the static cache (upstream's own
-    ``EncoderDecoderCache`` of static caches), its length rounded up to a bucket; the decoder's prompt and the
-    batch as given. Any other family is upstream's."""
-    from .seq2seq import ENCODER_DECODER_FAMILIES
-
-    if facts.family not in ENCODER_DECODER_FAMILIES:
-        return CallPlan(True, f"{ENCODER_DECODER} ({facts.family}: not read)", hint=MODEL_DOCS)
+    """An encoder-decoder call (``seq2seq``): upstream's static ``EncoderDecoderCache``, its length bucketed; the
+    decoder's prompt and the batch as given. What ``seq2seq.why_upstream`` names is upstream's."""
+    from .seq2seq import ENCODER_DECODER_FAMILIES, why_upstream
     kind, why = cache_choice(facts, static_cache=static_cache)
+    if (upstream := why_upstream(facts, kind)) is not None:
+        return CallPlan(True, f"{ENCODER_DECODER} ({upstream})", hint=MODEL_DOCS)
     if kind is None:
         return CallPlan(True, why, hint=None if why.startswith(CALLER_CHOICES) else MODEL_DOCS)
     reason = f"{facts.family}: {ENCODER_DECODER_FAMILIES[facts.family]}"
-    return CallPlan(False, reason if bucketing else "bucketing disabled", static_cache=kind == "default",
-                    bucket=bucketing, pad_prompt=False)
+    return CallPlan(False, reason if bucketing else "bucketing disabled", static_cache=kind == "default", bucket=bucketing, pad_prompt=False)
 
 
 def _why_not_bucketed(facts: CallFacts, bucketing: bool) -> str | None:

@@ -24,11 +24,26 @@ with the dynamic cache: the tokens are upstream's (checked against the CPU in ``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["ENCODER_DECODER_FAMILIES"]
+__all__ = ["ENCODER_DECODER_FAMILIES", "why_upstream"]
 
 #: ``config.model_type`` -> what makes the static-cache path exact for it.
 ENCODER_DECODER_FAMILIES: Mapping[str, str] = {
     "whisper": "fixed-length (30 s) log-mel features, upstream's static EncoderDecoderCache, its cache length bucketed; "
                "decoder prompt and batch as given",
 }
+
+
+def why_upstream(facts: Any, kind: str | None) -> str | None:
+    """Why an encoder-decoder call (``policy.CallFacts``; ``kind``: its ``policy.cache_choice``) is Transformers'
+    own, or ``None``. The path returns its result on the host (Whisper's post-processing reads it there): Whisper's
+    ``condition_on_prev_tokens`` feeds each segment's tokens into the next one's prompt beside tensors on the
+    device, and the static cache it makes is not the dynamic one a caller continues from (``past_key_values=``)."""
+    if facts.family not in ENCODER_DECODER_FAMILIES:
+        return f"{facts.family}: not read"
+    if facts.feeds_back:
+        return "condition_on_prev_tokens: each segment's tokens start the next one's prompt, on the device"
+    if kind == "default" and facts.returns_cache:
+        return "return_dict_in_generate=True: the cache handed back would be the plugin's static one, not a dynamic one"
+    return None
