@@ -3,11 +3,12 @@
 Per family (``ARCHS``): 12 mixed greedy calls (batches of 1-3, prompts of 1-100 tokens: chunked prefills
 among them, ragged left-padded batches too, inputs on the TPU) against plain CPU Transformers; then ``warmup()``
 for prompts of up to 40 tokens in batches of up to 2 (the issue's workload; every bucket of 100 tokens and 3 rows
-made this file a third of the suite's time) and 6 more such calls in torch_tpu's cache-only mode; one seeded sampling call and one beam search; 4 prompts of 17-20 tokens with
-the plugin's padding columns unmasked (``wrap_generate._BREAK_PADDING_MASK``). ``BIAS=1`` adds the family's
-bias variant (its input projection's bias drawn at random): the CPU's tokens on the predicate's path, its
-prompt unpadded (``test_recurrent_premises.py`` shows such a bias reaching the real tokens through left
-padding). ``llama`` in ``ARCHS``: the 12 mixed calls only, an attention model's programs on the same calls.
+made this file a third of the suite's time) and 6 more such calls in torch_tpu's cache-only mode; one seeded
+sampling call and one beam search; 4 prompts of 17-20 tokens with the plugin's padding columns unmasked
+(``wrap_generate._BREAK_PADDING_MASK``). ``BIAS=1`` adds the family's bias variant (its input projection's bias
+drawn at random): the CPU's tokens on the predicate's path, its prompt unpadded (``test_recurrent_premises.py``
+shows such a bias reaching the real tokens through left padding). ``llama`` in ``ARCHS``: the 12 mixed calls
+only, an attention model's programs on the same calls.
 """
 from _worker import report
 import logging, os, random, time, torch

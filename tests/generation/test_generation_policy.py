@@ -21,10 +21,8 @@ def plan(facts=PLAIN, *, static_cache=True, bucketing=True):
     return policy.plan_call(facts, static_cache=static_cache, bucketing=bucketing)
 
 
-def replace(**changes):
-    import dataclasses
-
-    return dataclasses.replace(PLAIN, **changes)
+def replace(base=PLAIN, **changes):
+    return dataclasses.replace(base, **changes)
 
 
 def test_a_plain_greedy_call_gets_the_static_cache_and_buckets():
@@ -62,10 +60,10 @@ def test_whisper_gets_its_static_cache_bucketed():
     [
         # Its segments' tokens start the next prompt beside tensors on the device, and the path hands them back on
         # the host (Transformers' test_generate_longform_with_prompt_ids failed with the plugin only).
-        (dataclasses.replace(WHISPER, feeds_back=True), "condition_on_prev_tokens"),
+        (replace(WHISPER, feeds_back=True), "condition_on_prev_tokens"),
         # The caller continues from the cache it gets back (test_generate_continue_from_past_key_values).
-        (dataclasses.replace(WHISPER, returns_cache=True), "return_dict_in_generate"),
-        (dataclasses.replace(WHISPER, family="t5"), "t5: not read"),
+        (replace(WHISPER, returns_cache=True), "return_dict_in_generate"),
+        (replace(WHISPER, family="t5"), "t5: not read"),
     ],
 )
 def test_encoder_decoder_calls_the_path_cannot_prove_are_upstreams(facts, reason):
@@ -74,7 +72,7 @@ def test_encoder_decoder_calls_the_path_cannot_prove_are_upstreams(facts, reason
 
 
 def test_a_static_cache_the_caller_asked_for_is_handed_back_as_asked():
-    result = plan(dataclasses.replace(WHISPER, returns_cache=True, cache_implementation="static"))
+    result = plan(replace(WHISPER, returns_cache=True, cache_implementation="static"))
     assert not result.upstream and not result.static_cache  # the caller's own static cache, bucketed
 
 

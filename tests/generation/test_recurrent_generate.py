@@ -3,8 +3,8 @@
 Per family of ``testing.tiny.RECURRENT_ARCHITECTURES`` (context-sensitive tiny models), ``recurrent_worker.py``
 runs 12 mixed greedy calls (batches of 1-3, prompts of 1-100 tokens, ragged left-padded batches among them),
 a seeded sampling call and a beam search against plain CPU Transformers; then ``warmup()`` and 6 more calls
-(batches of 1-2, prompts of 1-40 tokens) in torch_tpu's cache-only mode. The comparisons can fail: the same prompts with the plugin's padding columns
-unmasked give other tokens. A family with a bias on its input projection gives the CPU's tokens on the
+(batches of 1-2, prompts of 1-40 tokens) in torch_tpu's cache-only mode. The comparisons can fail: the same
+prompts with the plugin's padding columns unmasked give other tokens. A family with a bias on its input projection gives the CPU's tokens on the
 predicate's path, its prompt unpadded (test_recurrent_premises.py shows the bias reaching the real tokens
 through left padding).
 """
